@@ -1,0 +1,60 @@
+# paged-kv: every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch 2.13 is what CI and this course's machines use; on a CUDA
+# machine `make install TORCH_SPEC=torch` (or a CUDA wheel of your choice) works too.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
+LAB_ARGS ?=
+
+.PHONY: install lab test test-fast test-notebooks test-browser exercises bench gpu-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+## Open the course in JupyterLab.
+lab: install
+	$(VENV)/bin/jupyter lab lessons/ $(LAB_ARGS)
+
+## Every test: unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
+test: install
+	$(PY) -m pytest tests lessons exercises/solutions $(NBVAL)
+
+## Unit and property tests only.
+test-fast: install
+	$(PY) -m pytest tests
+
+test-notebooks: install
+	$(PY) -m pytest lessons exercises/solutions $(NBVAL)
+
+## JupyterLab in headless Chromium (needs the system's chromium; see README).
+test-browser: install
+	$(PY) -m pip install --quiet -e ".[browser]"
+	$(PY) -m pytest tests/browser -m browser -p no:randomly
+
+## Regenerate the learner versions of the exercises from exercises/solutions/.
+exercises: install
+	$(PY) -m paged_kv_lib.grading.generate
+
+## Benchmarks that print figures (docs/benchmarks.md holds the latest).
+bench: install
+	$(PY) benchmarks/allocator_ops.py
+	$(PY) benchmarks/free_queue.py
+	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/engine.py
+	$(PY) -m paged_kv_lib.cli simulate --workload sharegpt --requests 10000 --capacity-tokens 15728 --block-size 16 --seed 0
+
+## On a CUDA machine: GPU tests, kernel benchmark and the last lesson; results in $GPU_CHECK_OUT.
+gpu-check: install
+	$(PY) benchmarks/gpu_check.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info gpu-check-out test-artifacts

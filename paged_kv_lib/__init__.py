@@ -1,0 +1,36 @@
+"""paged_kv_lib: paged KV-cache memory management, the library the paged-kv course builds.
+
+The core (blocks, block tables, the free queue and the allocator) needs only torch.
+Heavier parts (attention kernels, the engine, simulations, widgets, grading) live in
+submodules imported on demand.
+"""
+
+from .allocator import AllocatorStats, PagedKVCacheAllocator
+from .block import Block
+from .block_table import BlockTable
+from .errors import (
+    DuplicateSequenceError,
+    InvariantError,
+    OutOfBlocksError,
+    PagedKVError,
+    PositionError,
+    UnknownSequenceError,
+)
+from .free_queue import FreeBlockQueue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllocatorStats",
+    "Block",
+    "BlockTable",
+    "DuplicateSequenceError",
+    "FreeBlockQueue",
+    "InvariantError",
+    "OutOfBlocksError",
+    "PagedKVCacheAllocator",
+    "PagedKVError",
+    "PositionError",
+    "UnknownSequenceError",
+    "__version__",
+]

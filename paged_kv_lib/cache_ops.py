@@ -1,0 +1,49 @@
+"""Tensor operations on a paged KV cache laid out ``(num_blocks, num_heads, block_size, head_dim)``.
+
+These functions know the layout but nothing about which sequence owns which block:
+the allocator decides *where*, these move the bytes. A slot number names one token
+position in the pool: ``slot = block_id * block_size + offset``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def slots_from_positions(
+    block_ids: torch.Tensor, positions: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Translate logical positions into slots through a sequence's block ids (int64)."""
+    return block_ids[positions // block_size] * block_size + positions % block_size
+
+
+def write_slots(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """Store ``k``/``v`` of shape ``[n, num_heads, head_dim]`` into the given slots."""
+    block_size = k_cache.shape[2]
+    blocks = slots // block_size
+    offsets = slots % block_size
+    # Advanced indices on dims 0 and 2 around a slice put the token dim first: [n, H, D].
+    k_cache[blocks, :, offsets, :] = k
+    v_cache[blocks, :, offsets, :] = v
+
+
+def gather_tokens(cache: torch.Tensor, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Read ``num_tokens`` tokens stored in ``block_ids`` back as ``[num_tokens, H, D]``."""
+    num_heads, block_size, head_dim = cache.shape[1], cache.shape[2], cache.shape[3]
+    blocks = cache.index_select(0, block_ids)  # [nb, H, bs, D]
+    tokens = blocks.permute(0, 2, 1, 3).reshape(-1, num_heads, head_dim)
+    return tokens[:num_tokens].contiguous()
+
+
+def copy_blocks(caches: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy whole blocks ``src[i] -> dst[i]`` in every layer of a stacked cache.
+
+    ``caches`` is ``[num_layers, num_blocks, H, bs, D]``; one indexed copy moves all layers.
+    """
+    caches[:, dst] = caches[:, src]

@@ -1,0 +1,107 @@
+"""The ``paged-kv`` command.
+
+Subcommands live next to the code they drive; each such module has
+``register(subparsers)`` that adds its parser and sets ``func``. They are imported only
+when present, so the core command works with the core library alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import sys
+from typing import List, Optional
+
+SUBCOMMAND_MODULES = (
+    "paged_kv_lib.simulate.cli",
+    "paged_kv_lib.engine_cli",
+    "paged_kv_lib.grading.cli",
+)
+
+
+def _version(module: str) -> str:
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - a broken install should be reported, not crash doctor
+        return f"not installed ({type(exc).__name__})"
+    return str(getattr(mod, "__version__", "installed"))
+
+
+def doctor_report() -> List[tuple]:
+    """(item, value) rows describing this environment, for ``paged-kv doctor`` and lesson 00."""
+    import paged_kv_lib
+
+    rows = [
+        ("python", platform.python_version()),
+        ("paged_kv_lib", paged_kv_lib.__version__),
+        ("torch", _version("torch")),
+        ("triton", _version("triton")),
+        ("ipywidgets", _version("ipywidgets")),
+        ("jupyterlab", _version("jupyterlab")),
+    ]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            cuda = f"yes: {torch.cuda.get_device_name(0)}"
+        else:
+            cuda = "no (CPU only: kernels run under Triton's interpreter)"
+    except Exception as exc:  # noqa: BLE001
+        cuda = f"unknown ({exc})"
+    rows.append(("cuda", cuda))
+    rows.append(("widgets", _widgets_status()))
+    return rows
+
+
+def _widgets_status() -> str:
+    """Whether ipywidgets can render in JupyterLab: the lab extension ships in jupyterlab_widgets."""
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return "will not render: ipywidgets is not installed"
+    try:
+        import jupyterlab_widgets  # noqa: F401
+    except ImportError:
+        return "will not render in JupyterLab: jupyterlab_widgets is missing"
+    return "will render (ipywidgets with its JupyterLab extension)"
+
+
+def _doctor(_args: argparse.Namespace) -> int:
+    rows = doctor_report()
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paged-kv",
+        description="Paged KV-cache course tools: environment check, simulations, generation, grading.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    doctor = subparsers.add_parser("doctor", help="print versions and whether CUDA and widgets work")
+    doctor.set_defaults(func=_doctor)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # that part of the library is not present
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

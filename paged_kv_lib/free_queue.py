@@ -1,0 +1,126 @@
+"""The free block queue: which blocks can be handed out next, in order.
+
+The seed used ``collections.deque`` of block ids. That is fine until prefix caching:
+a cache hit on a block that sits in the middle of the free queue must take it out,
+and ``deque.remove`` scans the whole queue (O(n)). This queue is a doubly linked
+list threaded through two integer arrays indexed by block id (``_prev``, ``_next``),
+so popping the head, appending at the tail and removing any block are all O(1), and
+no Python object is created per operation.
+
+Invariants (checked by :meth:`check`):
+
+* following ``_next`` from the head visits every queued block exactly once and ends
+  at the tail; ``_prev`` is the mirror image;
+* a block is queued exactly when ``_prev[block_id] != NOT_QUEUED``;
+* ``len(queue)`` is the number of queued blocks.
+
+Order matters: the head is the block handed out next. Freed blocks go to the tail,
+so the head holds the least recently freed block (LRU eviction for cached blocks).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, List
+
+NOT_QUEUED = -2
+
+
+class FreeBlockQueue:
+    """An O(1) FIFO of block ids with removal from the middle."""
+
+    __slots__ = ("_prev", "_next", "_sentinel", "_len")
+
+    def __init__(self, num_blocks: int, block_ids: Iterable[int] = ()) -> None:
+        # Index ``num_blocks`` is a sentinel node: its next is the head, its prev the tail.
+        self._sentinel = num_blocks
+        self._prev: List[int] = [NOT_QUEUED] * (num_blocks + 1)
+        self._next: List[int] = [NOT_QUEUED] * (num_blocks + 1)
+        self._prev[num_blocks] = num_blocks
+        self._next[num_blocks] = num_blocks
+        self._len = 0
+        for block_id in block_ids:
+            self.append(block_id)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, block_id: object) -> bool:
+        return (
+            type(block_id) is int
+            and 0 <= block_id < self._sentinel
+            and self._prev[block_id] != NOT_QUEUED
+        )
+
+    def __iter__(self) -> Iterator[int]:
+        """Block ids from head (next to be handed out) to tail."""
+        node = self._next[self._sentinel]
+        while node != self._sentinel:
+            yield node
+            node = self._next[node]
+
+    def __repr__(self) -> str:
+        return f"FreeBlockQueue({list(self)})"
+
+    def peek(self) -> int:
+        """The id at the head, without removing it."""
+        if self._len == 0:
+            raise IndexError("peek from an empty free queue")
+        return self._next[self._sentinel]
+
+    def popleft(self) -> int:
+        """Remove and return the id at the head."""
+        if self._len == 0:
+            raise IndexError("pop from an empty free queue")
+        block_id = self._next[self._sentinel]
+        self.remove(block_id)
+        return block_id
+
+    def append(self, block_id: int) -> None:
+        """Put ``block_id`` at the tail (it will be handed out last)."""
+        if self._prev[block_id] != NOT_QUEUED:
+            raise ValueError(f"block {block_id} is already in the free queue")
+        tail = self._prev[self._sentinel]
+        self._next[tail] = block_id
+        self._prev[block_id] = tail
+        self._next[block_id] = self._sentinel
+        self._prev[self._sentinel] = block_id
+        self._len += 1
+
+    def appendleft(self, block_id: int) -> None:
+        """Put ``block_id`` at the head (it will be handed out first)."""
+        if self._prev[block_id] != NOT_QUEUED:
+            raise ValueError(f"block {block_id} is already in the free queue")
+        head = self._next[self._sentinel]
+        self._prev[head] = block_id
+        self._next[block_id] = head
+        self._prev[block_id] = self._sentinel
+        self._next[self._sentinel] = block_id
+        self._len += 1
+
+    def remove(self, block_id: int) -> None:
+        """Take ``block_id`` out of the queue, wherever it is, in O(1)."""
+        prev = self._prev[block_id]
+        if prev == NOT_QUEUED:
+            raise ValueError(f"block {block_id} is not in the free queue")
+        nxt = self._next[block_id]
+        self._next[prev] = nxt
+        self._prev[nxt] = prev
+        self._prev[block_id] = NOT_QUEUED
+        self._next[block_id] = NOT_QUEUED
+        self._len -= 1
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` if the links are inconsistent."""
+        seen = 0
+        node = self._sentinel
+        while True:
+            nxt = self._next[node]
+            assert self._prev[nxt] == node, f"broken link between {node} and {nxt}"
+            if nxt == self._sentinel:
+                break
+            seen += 1
+            assert seen <= self._len, "free queue has a cycle or more nodes than its length"
+            node = nxt
+        assert seen == self._len, f"free queue length {self._len} but {seen} linked"
+        queued = sum(1 for p in self._prev[: self._sentinel] if p != NOT_QUEUED)
+        assert queued == self._len, f"{queued} blocks marked queued, length {self._len}"
