@@ -1,0 +1,27 @@
+"""Paged attention: attention that reads K/V through a block table instead of a contiguous cache.
+
+``paged_attention`` serves decoding (one query token per sequence) and
+``paged_attention_extend`` serves prefill and chunked prefill (several new tokens per
+sequence, causal). Both run on a readable torch reference or on Triton kernels; Triton is
+optional and imported only when its backend is used.
+"""
+
+from .api import (
+    TRITON_HINT,
+    paged_attention,
+    paged_attention_extend,
+    resolve_backend,
+    triton_available,
+)
+from .reference import gather_kv, paged_attention_extend_reference, paged_attention_reference
+
+__all__ = [
+    "TRITON_HINT",
+    "gather_kv",
+    "paged_attention",
+    "paged_attention_extend",
+    "paged_attention_extend_reference",
+    "paged_attention_reference",
+    "resolve_backend",
+    "triton_available",
+]

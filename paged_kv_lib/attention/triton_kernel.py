@@ -1,0 +1,505 @@
+"""Paged attention as Triton kernels: decode (with a split-K path) and prefill/extend.
+
+One program owns one sequence and one K/V head, and with it every query head of that
+head's group (grouped-query attention), so each K/V tile is read from memory once. It
+walks the sequence's tokens ``BLOCK_N`` at a time, turning each logical position into a
+physical cache row through the block table, and keeps a running softmax (the "online
+softmax" of FlashAttention) so scores are never written out.
+
+Long contexts with few sequences leave most of a GPU idle, so the decode kernel can also
+cut each sequence into ``num_splits`` chunks handled by separate programs ("split-K",
+or flash-decoding); a second small kernel merges their partial results.
+
+Importing this module imports Triton. On a machine without a GPU, set
+``TRITON_INTERPRET=1`` before Triton is first imported to run the kernels on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+# exp(x) == exp2(x * log2(e)); exp2 is the cheaper instruction on GPUs.
+LOG2_E = 1.4426950408889634
+
+# Split-K heuristic: aim for this many programs per streaming multiprocessor, and never
+# give a split fewer than MIN_TOKENS_PER_SPLIT tokens (its partial write would dominate).
+PROGRAMS_PER_SM = 2
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+# ----------------------------------------------------------------------------- helpers
+@triton.jit
+def _kv_tile_offsets(
+    block_tables_ptr,
+    table_row,  # int64 offset of this sequence's row in the block table
+    stride_btb,
+    pos,  # [BLOCK_N] logical token positions
+    in_range,  # [BLOCK_N] which positions this program may read
+    num_blocks,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Translate logical positions into (physical block, slot) and say which are readable.
+
+    The block table is only read where ``in_range`` holds, and a block id outside
+    ``[0, num_blocks)`` (a -1 pad, say) is never dereferenced: its token is masked out.
+    """
+    logical_block = pos // BLOCK_SIZE
+    physical_block = tl.load(
+        block_tables_ptr + table_row + logical_block * stride_btb, mask=in_range, other=-1
+    ).to(tl.int64)
+    valid = in_range & (physical_block >= 0) & (physical_block < num_blocks)
+    slot = pos % BLOCK_SIZE
+    return physical_block, slot, valid
+
+
+@triton.jit
+def _online_softmax_step(
+    q,  # [M, BLOCK_D] queries
+    k,  # [BLOCK_N, BLOCK_D]
+    v,  # [BLOCK_N, BLOCK_D]
+    visible,  # [M, BLOCK_N] which (query, key) pairs may attend
+    m_i,  # [M] running max score (log2 units)
+    l_i,  # [M] running sum of exp2(score - m_i)
+    acc,  # [M, BLOCK_D] running sum of exp2(score - m_i) * v
+    scale_log2,
+    DOT_IN_FP32: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Fold one K/V tile into the running softmax; returns the new ``(m_i, l_i, acc)``."""
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2
+    scores = tl.where(visible, scores, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so the
+    # exponentials below give 0 rather than NaN (-inf - -inf).
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)  # rescales what was summed under the old max
+    p = tl.exp2(scores - m_safe[:, None])
+
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return m_new, l_i, acc
+
+
+# ----------------------------------------------------------------------------- decode
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+    scale_log2, num_blocks, num_q_heads, tokens_per_split,
+    stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_bts, stride_btb,
+    stride_os, stride_oh, stride_od,
+    GROUP: tl.constexpr,  # query heads per K/V head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two >= 16 (tl.dot's minimum)
+    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
+    BLOCK_N: tl.constexpr,  # tokens per tile
+    NUM_SPLITS: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Attention of one sequence's query heads (one K/V head's group) over one token range.
+
+    Grid: ``(num_seqs, num_kv_heads, NUM_SPLITS)``. With one split the normalised output
+    is written straight to ``out``; otherwise the unnormalised partial sums go to the
+    ``part_*`` buffers for ``_merge_splits_kernel``.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kv_head * GROUP + offs_g
+    row_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+
+    q = tl.load(
+        q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=row_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+
+    for tile_start in range(start, end, BLOCK_N):
+        pos = tile_start + offs_n
+        block, slot, valid = _kv_tile_offsets(
+            block_tables_ptr, seq * stride_bts, stride_btb, pos, pos < end, num_blocks, BLOCK_SIZE
+        )
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(
+            k_cache_ptr + block[:, None] * stride_kb + kv_head * stride_kh
+            + slot[:, None] * stride_kt + offs_d[None, :] * stride_kd,
+            mask=kv_mask, other=0.0,
+        )
+        v = tl.load(
+            v_cache_ptr + block[:, None] * stride_vb + kv_head * stride_vh
+            + slot[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+            mask=kv_mask, other=0.0,
+        )
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, valid[None, :], m_i, l_i, acc, scale_log2, DOT_IN_FP32, INPUT_PRECISION
+        )
+
+    if NUM_SPLITS == 1:
+        # A sequence with no tokens has l_i == 0 and acc == 0: its output is 0.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & d_mask[None, :],
+        )
+    else:
+        # Partial buffers are contiguous [num_seqs, num_q_heads, NUM_SPLITS(, HEAD_DIM)].
+        part = (seq * num_q_heads + heads) * NUM_SPLITS + split
+        tl.store(part_max_ptr + part, m_i, mask=row_mask)
+        tl.store(part_sum_ptr + part, l_i, mask=row_mask)
+        tl.store(
+            part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+            acc,
+            mask=row_mask[:, None] & d_mask[None, :],
+        )
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+    num_q_heads,
+    stride_os, stride_oh, stride_od,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    """Combine the splits of one (sequence, query head): rescale each to the global max.
+
+    Grid: ``(num_seqs, num_q_heads)``. A split that saw no tokens has max -inf and sum 0,
+    so its weight is 0; if every split is empty the output is 0.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+
+    part = (seq * num_q_heads + head) * NUM_SPLITS + offs_s
+    m = tl.load(part_max_ptr + part)
+    l = tl.load(part_sum_ptr + part)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    weight = tl.exp2(m - m_max)
+    total = tl.sum(weight * l, 0)
+    out = tl.sum(weight[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(
+        out_ptr + seq * stride_os + head * stride_oh + offs_d * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )
+
+
+# ----------------------------------------------------------------------------- extend
+@triton.jit
+def _paged_extend_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    out_ptr,
+    scale_log2, num_blocks,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_bts, stride_btb,
+    stride_ot, stride_oh, stride_od,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two
+    BLOCK_Q: tl.constexpr,  # query tokens per program; BLOCK_Q * BLOCK_G >= 16
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Causal attention of ``BLOCK_Q`` new tokens of one sequence (one K/V head's group).
+
+    Grid: ``(num_seqs, cdiv(max_query_len, BLOCK_Q), num_kv_heads)``. Row ``r`` of the
+    tile is query token ``r // BLOCK_G`` of this program and query head ``r % BLOCK_G``
+    of the group. New token ``j`` sits at position ``seq_len - query_len + j`` and sees
+    every key at or before it.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    q_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+
+    q_start = tl.load(query_start_loc_ptr + seq).to(tl.int64)
+    query_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int64) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - query_len  # tokens cached before the new ones
+
+    offs_r = tl.arange(0, BLOCK_Q * BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    q_idx = q_block * BLOCK_Q + offs_r // BLOCK_G
+    heads = kv_head * GROUP + offs_r % BLOCK_G
+    row_mask = (q_idx < query_len) & (offs_r % BLOCK_G < GROUP)
+    d_mask = offs_d < HEAD_DIM
+    q_pos = context_len + q_idx
+
+    q = tl.load(
+        q_ptr + (q_start + q_idx)[:, None] * stride_qt + heads[:, None] * stride_qh
+        + offs_d[None, :] * stride_qd,
+        mask=row_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
+
+    # Keys past the last query of this program are invisible to all its rows.
+    end = tl.minimum(seq_len, context_len + (q_block + 1) * BLOCK_Q)
+    # A program past the end of a short sequence's new tokens has nothing to do.
+    end = tl.where(q_block * BLOCK_Q < query_len, end, 0)
+    for tile_start in range(0, end, BLOCK_N):
+        pos = tile_start + offs_n
+        block, slot, valid = _kv_tile_offsets(
+            block_tables_ptr, seq * stride_bts, stride_btb, pos, pos < end, num_blocks, BLOCK_SIZE
+        )
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(
+            k_cache_ptr + block[:, None] * stride_kb + kv_head * stride_kh
+            + slot[:, None] * stride_kt + offs_d[None, :] * stride_kd,
+            mask=kv_mask, other=0.0,
+        )
+        v = tl.load(
+            v_cache_ptr + block[:, None] * stride_vb + kv_head * stride_vh
+            + slot[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+            mask=kv_mask, other=0.0,
+        )
+        visible = valid[None, :] & (pos[None, :] <= q_pos[:, None]) & row_mask[:, None]
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, visible, m_i, l_i, acc, scale_log2, DOT_IN_FP32, INPUT_PRECISION
+        )
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + (q_start + q_idx)[:, None] * stride_ot + heads[:, None] * stride_oh
+        + offs_d[None, :] * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & d_mask[None, :],
+    )
+
+
+# ----------------------------------------------------------------------------- launchers
+def is_interpreting() -> bool:
+    """Whether Triton runs kernels on the CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
+    return isinstance(_paged_decode_kernel, InterpretedFunction)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+    """How many chunks to cut each sequence into, a power of two.
+
+    Split only when the ``num_seqs * num_kv_heads`` programs would leave the
+    ``num_sms`` multiprocessors short of ``PROGRAMS_PER_SM`` programs each, and only
+    as far as every split keeps ``MIN_TOKENS_PER_SPLIT`` tokens of ``max_context``.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    target = PROGRAMS_PER_SM * num_sms
+    if programs >= target:
+        return 1
+    by_occupancy = _next_power_of_2(-(-target // programs))
+    by_length = 1 << max(0, (max_context // MIN_TOKENS_PER_SPLIT).bit_length() - 1)
+    return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if t.device.type == "cpu" and not is_interpreting():
+        raise RuntimeError(
+            "the triton backend got CPU tensors but Triton is not in interpreter mode; "
+            "set TRITON_INTERPRET=1 before triton is first imported, or use backend='torch'"
+        )
+
+
+def _dot_settings(dtype: torch.dtype) -> tuple:
+    """``(DOT_IN_FP32, INPUT_PRECISION)`` for a dtype.
+
+    fp32 asks for exact ("ieee") products rather than TF32. The CPU interpreter
+    multiplies bf16 operands as raw bits, so there bf16 is upcast before each dot.
+    """
+    dot_in_fp32 = dtype == torch.bfloat16 and is_interpreting()
+    precision = "ieee" if dtype == torch.float32 else "tf32"
+    return dot_in_fp32, precision
+
+
+def _block_n(head_dim: int) -> int:
+    return 32 if head_dim > 128 else 64
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: Optional[int] = None,
+    block_n: Optional[int] = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Launch decode attention; inputs are assumed valid (``paged_attention`` checks them).
+
+    ``num_splits=None`` lets ``choose_num_splits`` decide, bounding the context by the
+    block table's width so no device sync is needed. ``block_n``, ``num_warps`` and
+    ``num_stages`` are tuning knobs.
+    """
+    _check_device(q)
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_blocks, num_kv_heads, block_size, _ = k_cache.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+
+    block_n = block_n or _block_n(head_dim)
+    if num_splits is None:
+        max_context = block_tables.shape[1] * block_size
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, _num_sms(q.device))
+    max_context = block_tables.shape[1] * block_size
+    tokens_per_split = -(-max(1, -(-max_context // num_splits)) // block_n) * block_n
+
+    if num_splits == 1:
+        part_acc = part_max = part_sum = out  # unused by the kernel
+    else:
+        part_acc = torch.empty((num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_max = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+        part_sum = torch.empty_like(part_max)
+
+    group = num_q_heads // num_kv_heads
+    dot_in_fp32, precision = _dot_settings(q.dtype)
+    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens,
+        out, part_acc, part_max, part_sum,
+        scale * LOG2_E, num_blocks, num_q_heads, tokens_per_split,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_G=max(16, _next_power_of_2(group)),
+        BLOCK_D=_next_power_of_2(head_dim),
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        DOT_IN_FP32=dot_in_fp32,
+        INPUT_PRECISION=precision,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_seqs, num_q_heads)](
+            out, part_acc, part_max, part_sum,
+            num_q_heads,
+            *out.stride(),
+            HEAD_DIM=head_dim,
+            BLOCK_D=_next_power_of_2(head_dim),
+            NUM_SPLITS=num_splits,
+            num_warps=4,
+        )
+    return out
+
+
+def paged_attention_extend_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: Optional[int] = None,
+    block_n: Optional[int] = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Launch extend attention; inputs are assumed valid (``paged_attention_extend`` checks).
+
+    ``max_query_len`` sizes the grid; when ``None`` it is read from ``query_start_loc``
+    (a device sync on GPU).
+    """
+    _check_device(q)
+    total_q, num_q_heads, head_dim = q.shape
+    num_blocks, num_kv_heads, block_size, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if total_q == 0 or num_seqs == 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    if max_query_len == 0:
+        return out
+
+    group = num_q_heads // num_kv_heads
+    block_g = _next_power_of_2(group)
+    # 64 rows per tile, fewer query tokens when the group is wide, and at least 16 rows.
+    block_q = max(1, 64 // block_g)
+    block_q = min(block_q, max(_next_power_of_2(max_query_len), -(-16 // block_g)))
+    dot_in_fp32, precision = _dot_settings(q.dtype)
+    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    _paged_extend_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+        out,
+        scale * LOG2_E, num_blocks,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_G=block_g,
+        BLOCK_Q=block_q,
+        BLOCK_D=_next_power_of_2(head_dim),
+        BLOCK_N=block_n or _block_n(head_dim),
+        DOT_IN_FP32=dot_in_fp32,
+        INPUT_PRECISION=precision,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
+__all__ = [
+    "LOG2_E",
+    "choose_num_splits",
+    "is_interpreting",
+    "paged_attention_extend_triton",
+    "paged_attention_triton",
+]
