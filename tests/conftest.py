@@ -19,3 +19,8 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=20)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+import sys  # noqa: E402
+
+# Let test modules import tests/helpers.py.
+sys.path.insert(0, os.path.dirname(__file__))
