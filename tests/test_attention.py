@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton can be imported (no GPU here)
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

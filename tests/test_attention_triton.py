@@ -1,0 +1,265 @@
+"""The Triton kernels against SDPA: on the CPU interpreter (small cases) and on CUDA (big ones)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("triton")
+
+from paged_kv_lib.attention import paged_attention, paged_attention_extend  # noqa: E402
+from paged_kv_lib.attention.testing import (  # noqa: E402
+    TOLERANCES,
+    make_paged_batch,
+    sdpa_decode,
+    sdpa_extend,
+)
+from paged_kv_lib.attention.triton_kernel import (  # noqa: E402
+    MAX_SPLITS,
+    choose_num_splits,
+    is_interpreting,
+    paged_attention_triton,
+)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (big shapes, speed)")
+
+
+def assert_matches(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, **TOLERANCES[dtype])
+
+
+def decode(batch, **kwargs):
+    return paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, backend="triton", **kwargs
+    )
+
+
+def extend(batch, **kwargs):
+    return paged_attention_extend(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+        batch.query_start_loc, backend="triton", **kwargs,
+    )
+
+
+@st.composite
+def kernel_shapes(draw, max_len: int = 150):
+    num_kv_heads = draw(st.integers(1, 2))
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    return dict(
+        seq_lens=draw(st.lists(st.integers(1, max_len), min_size=1, max_size=3)),
+        num_kv_heads=num_kv_heads,
+        num_q_heads=num_kv_heads * group,
+        head_dim=draw(st.sampled_from([16, 32, 48, 64, 80, 128])),
+        block_size=draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256])),
+        dtype=draw(st.sampled_from(DTYPES)),
+        spare_blocks=draw(st.integers(0, 2)),
+        pad_columns=draw(st.integers(0, 2)),
+        seed=draw(st.integers(0, 2**16)),
+        device=DEVICE,
+    )
+
+
+# --------------------------------------------------------------------------- decode
+@settings(max_examples=30, deadline=None)
+@given(shape=kernel_shapes(), num_splits=st.sampled_from([None, 1, 2, 4, 16]))
+def test_triton_decode_matches_sdpa(shape, num_splits):
+    batch = make_paged_batch(**shape)
+    assert_matches(decode(batch, num_splits=num_splits), sdpa_decode(batch), shape["dtype"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_counts_agree(dtype):
+    """More splits than the context needs leaves empty splits; the merge must ignore them."""
+    batch = make_paged_batch([200, 17, 1], num_q_heads=2, num_kv_heads=1, head_dim=32, block_size=16, dtype=dtype, device=DEVICE)
+    expected = sdpa_decode(batch)
+    for num_splits in (1, 2, 32):
+        assert_matches(decode(batch, num_splits=num_splits), expected, dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_zero_length_sequences_give_zeros(num_splits):
+    batch = make_paged_batch([0, 40, 0], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=8, device=DEVICE)
+    out = decode(batch, num_splits=num_splits)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    assert_matches(out, sdpa_decode(batch), torch.float32)
+
+
+def test_unreadable_block_ids_are_masked_not_dereferenced():
+    """With value checks off, a -1 or too-large id in use must drop its tokens, not read memory."""
+    batch = make_paged_batch([12, 12], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4, device=DEVICE)
+    batch.block_tables[0, 1] = -1
+    batch.block_tables[1, 2] = 2**30
+    out = decode(batch, check_values=False)
+    assert torch.isfinite(out).all()
+    # Expected: attention over the tokens whose blocks are still readable.
+    keep = [torch.cat([torch.arange(0, 4), torch.arange(8, 12)]), torch.arange(0, 8)]
+    batch.keys = [k[:, idx] for k, idx in zip(batch.keys, keep)]
+    batch.values = [v[:, idx] for v, idx in zip(batch.values, keep)]
+    assert_matches(out, sdpa_decode(batch), torch.float32)
+
+
+def test_strided_inputs_and_int64_tables():
+    """Caches that are views into one big tensor (as the allocator keeps layers), a strided q."""
+    batch = make_paged_batch([33, 5], num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=8, device=DEVICE)
+    both = torch.stack([batch.k_cache, batch.v_cache])  # [2, blocks, heads, slots, d]
+    wide_q = torch.zeros(2, 8, 32, device=DEVICE)
+    wide_q[:, ::2] = batch.q
+    out = paged_attention(
+        wide_q[:, ::2], both[0], both[1], batch.block_tables.long(), batch.seq_lens.long(), backend="triton"
+    )
+    assert_matches(out, sdpa_decode(batch), torch.float32)
+    transposed = batch.k_cache.transpose(2, 3).contiguous().transpose(2, 3)  # slot stride != head_dim
+    out = paged_attention(batch.q, transposed, batch.v_cache, batch.block_tables, batch.seq_lens, backend="triton")
+    assert_matches(out, sdpa_decode(batch), torch.float32)
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(64, 8, 4096, num_sms=132) == 1  # enough programs already
+    assert choose_num_splits(1, 8, 100, num_sms=132) == 1  # too short to split
+    assert choose_num_splits(1, 8, 32768, num_sms=132) == 64  # 8 programs -> 512, capped by occupancy 64
+    assert choose_num_splits(1, 8, 1024, num_sms=132) == 4  # capped by MIN_TOKENS_PER_SPLIT
+    assert choose_num_splits(4, 8, 1 << 20, num_sms=132) == 16  # 32 programs * 16 >= 264
+    for seqs in range(1, 40):
+        splits = choose_num_splits(seqs, 2, 1 << 16, num_sms=132)
+        assert 1 <= splits <= MAX_SPLITS and splits & (splits - 1) == 0
+
+
+def test_auto_splits_run_the_split_path(monkeypatch):
+    """Pretend to have many SMs so the heuristic splits, and check the answer still holds."""
+    from paged_kv_lib.attention import triton_kernel
+
+    monkeypatch.setattr(triton_kernel, "_num_sms", lambda device: 64)
+    batch = make_paged_batch([600, 90], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=32, device=DEVICE)
+    assert choose_num_splits(2, 1, batch.block_tables.shape[1] * 32, num_sms=64) > 1
+    assert_matches(paged_attention_triton(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25), sdpa_decode(batch, scale=0.25), torch.float32)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-without-interpreter message")
+def test_cpu_tensors_without_interpreter_are_refused():
+    code = (
+        "import torch\n"
+        "from paged_kv_lib.attention import paged_attention\n"
+        "from paged_kv_lib.attention.testing import make_paged_batch\n"
+        "b = make_paged_batch([3], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4)\n"
+        "try:\n"
+        "    paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, backend='triton')\n"
+        "except RuntimeError as e:\n"
+        "    print('RuntimeError', e)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "RuntimeError" in result.stdout and "TRITON_INTERPRET=1" in result.stdout
+
+
+def test_interpreter_mode_matches_the_device():
+    assert is_interpreting() == (not torch.cuda.is_available())
+
+
+# --------------------------------------------------------------------------- extend
+@st.composite
+def extend_shapes(draw):
+    shape = draw(kernel_shapes(max_len=70))
+    shape["query_lens"] = [draw(st.sampled_from([0, 1, min(3, n), n, draw(st.integers(0, n))])) for n in shape["seq_lens"]]
+    return shape
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=extend_shapes())
+def test_triton_extend_matches_causal_sdpa(shape):
+    batch = make_paged_batch(**shape)
+    assert_matches(extend(batch), sdpa_extend(batch), shape["dtype"])
+
+
+def test_extend_max_query_len_given_or_derived():
+    batch = make_paged_batch([40, 7], num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=4, query_lens=[40, 2], device=DEVICE)
+    expected = sdpa_extend(batch)
+    assert_matches(extend(batch), expected, torch.float32)
+    assert_matches(extend(batch, max_query_len=40), expected, torch.float32)
+
+
+# ----------------------------------------------------------------------- CUDA only
+@cuda_only
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_splits", [None, 1, 8])
+def test_cuda_big_decode(dtype, num_splits):
+    lens = [4096, 1, 777, 2048, 3000, 16, 1500, 4095]
+    batch = make_paged_batch(lens, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=dtype, device="cuda", spare_blocks=50, pad_columns=3)
+    assert_matches(decode(batch, num_splits=num_splits), sdpa_decode(batch), dtype)
+
+
+@cuda_only
+@pytest.mark.cuda
+@pytest.mark.parametrize("head_dim, block_size", [(64, 1), (96, 32), (256, 16), (128, 256)])
+def test_cuda_decode_shapes(head_dim, block_size):
+    batch = make_paged_batch([1000, 33, 512], num_q_heads=8, num_kv_heads=2, head_dim=head_dim, block_size=block_size, dtype=torch.bfloat16, device="cuda")
+    for num_splits in (1, 4):
+        assert_matches(decode(batch, num_splits=num_splits), sdpa_decode(batch), torch.bfloat16)
+
+
+@cuda_only
+@pytest.mark.cuda
+def test_cuda_fp32_is_exact():
+    batch = make_paged_batch([2000, 100], num_q_heads=4, num_kv_heads=4, head_dim=64, block_size=16, device="cuda")
+    assert_matches(decode(batch), sdpa_decode(batch), torch.float32)
+
+
+@cuda_only
+@pytest.mark.cuda
+def test_cuda_big_extend():
+    lens = [2048, 600, 130, 1]
+    batch = make_paged_batch(lens, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, device="cuda", query_lens=[2048, 100, 1, 1])
+    assert_matches(extend(batch), sdpa_extend(batch), torch.bfloat16)
+
+
+@cuda_only
+@pytest.mark.cuda
+def test_cuda_offsets_past_2_31_elements():
+    """A cache of more than 2**31 elements: block ids near the end need int64 offsets."""
+    free = torch.cuda.mem_get_info()[0]
+    block_size, head_dim = 16, 128
+    num_blocks = (1 << 31) // (block_size * head_dim) + 64
+    if free < 3 * num_blocks * block_size * head_dim * 2:
+        pytest.skip("not enough GPU memory for a >2**31-element cache")
+    k_cache = torch.zeros(num_blocks, 1, block_size, head_dim, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    small = make_paged_batch([40], num_q_heads=2, num_kv_heads=1, head_dim=head_dim, block_size=block_size, dtype=torch.bfloat16, device="cuda")
+    ids = torch.arange(num_blocks - 3, num_blocks, device="cuda", dtype=torch.int32)
+    k_cache[ids] = small.k_cache[small.block_tables[0].long()]
+    v_cache[ids] = small.v_cache[small.block_tables[0].long()]
+    out = paged_attention(small.q, k_cache, v_cache, ids[None], small.seq_lens, backend="triton")
+    assert_matches(out, sdpa_decode(small), torch.bfloat16)
+    del k_cache, v_cache
+
+
+@cuda_only
+@pytest.mark.cuda
+def test_cuda_bf16_speed_sanity():
+    """The kernel must beat the gather-then-attend reference and stay near SDPA on equal lengths."""
+    import triton.testing
+
+    batch = make_paged_batch([2048] * 32, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, device="cuda", poison=False)
+    kernel_ms = triton.testing.do_bench(lambda: decode(batch, check_values=False))
+    reference_ms = triton.testing.do_bench(lambda: paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, backend="torch"))
+    k = torch.stack(batch.keys)
+    v = torch.stack(batch.values)
+    q = batch.q[:, :, None]
+    sdpa_ms = triton.testing.do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    assert kernel_ms < reference_ms / 5, (kernel_ms, reference_ms)
+    assert kernel_ms < 2.5 * sdpa_ms, (kernel_ms, sdpa_ms)
