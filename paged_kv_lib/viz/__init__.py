@@ -1,0 +1,22 @@
+"""Pictures of the allocator at work: live ipywidgets views, static SVG, matplotlib plots.
+
+``BlockTableView``, ``FreeQueueView`` and ``AddressTranslationView`` draw one allocator's
+state (static by default, ``.widget()`` for a live one); ``Playground`` adds buttons that
+drive a real allocator; ``plots`` holds the course's matplotlib charts.
+"""
+
+from .colors import SEQUENCE_PALETTE, seq_color
+from .playground import Playground
+from .plots import plot_memory_breakdown, plot_usage_over_time
+from .views import AddressTranslationView, BlockTableView, FreeQueueView
+
+__all__ = [
+    "AddressTranslationView",
+    "BlockTableView",
+    "FreeQueueView",
+    "Playground",
+    "SEQUENCE_PALETTE",
+    "plot_memory_breakdown",
+    "plot_usage_over_time",
+    "seq_color",
+]

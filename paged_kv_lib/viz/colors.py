@@ -1,0 +1,67 @@
+"""The course's colours: one fixed colour per sequence id, and one per block state.
+
+A sequence keeps its colour in every view and every lesson (``seq_color(3)`` is always
+the same), so a learner can follow a sequence from the block table to the pool by colour.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+# Ten well-separated colours (Tableau-like), without grey or pale yellow: those mean
+# "free" and "cached" in every view.
+SEQUENCE_PALETTE: Tuple[str, ...] = (
+    "#4e79a7",  # blue
+    "#f28e2b",  # orange
+    "#59a14f",  # green
+    "#e15759",  # red
+    "#b07aa1",  # purple
+    "#76b7b2",  # teal
+    "#9c755f",  # brown
+    "#ff9da7",  # pink
+    "#2f4b7c",  # navy
+    "#8cd17d",  # light green
+)
+
+# Fill / outline of blocks that no sequence holds.
+FREE_FILL = "#f2f2f2"
+FREE_STROKE = "#b5b5b5"
+CACHED_FILL = "#fff1c7"
+CACHED_STROKE = "#c99700"
+HIGHLIGHT = "#d62728"
+TEXT_DARK = "#222222"
+TEXT_LIGHT = "#ffffff"
+MUTED_TEXT = "#666666"
+
+STATE_COLORS: Dict[str, Tuple[str, str]] = {
+    "free": (FREE_FILL, FREE_STROKE),
+    "cached": (CACHED_FILL, CACHED_STROKE),
+}
+
+
+def seq_color(seq_id: int) -> str:
+    """The colour of sequence ``seq_id`` (cycles through :data:`SEQUENCE_PALETTE`)."""
+    return SEQUENCE_PALETTE[int(seq_id) % len(SEQUENCE_PALETTE)]
+
+
+def _rgb(hex_color: str) -> Tuple[float, float, float]:
+    value = hex_color.lstrip("#")
+    r, g, b = (int(value[i : i + 2], 16) / 255.0 for i in (0, 2, 4))
+    return r, g, b
+
+
+def text_color_on(hex_color: str) -> str:
+    """Dark or light text, whichever reads better on ``hex_color`` (by relative luminance)."""
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(c) for c in _rgb(hex_color))
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    # Compare contrast ratios against white (1.0) and near-black (~0.016).
+    return TEXT_LIGHT if (1.05 / (luminance + 0.05)) > ((luminance + 0.05) / 0.066) else TEXT_DARK
+
+
+def tint(hex_color: str, amount: float = 0.75) -> str:
+    """``hex_color`` mixed with white (``amount`` 0 = unchanged, 1 = white): the empty part of a block."""
+    r, g, b = (c + (1.0 - c) * amount for c in _rgb(hex_color))
+    return "#{:02x}{:02x}{:02x}".format(round(r * 255), round(g * 255), round(b * 255))

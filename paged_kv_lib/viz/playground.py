@@ -1,0 +1,310 @@
+"""The playground: buttons that drive a real allocator, with every view redrawn after each click.
+
+Learners add sequences, append tokens, fork and free, and watch blocks move between the
+pool, the block tables and the free queue. Each action writes one line to a log; an
+action the allocator refuses (out of blocks, unknown sequence...) shows the error's
+message there and changes nothing, exactly as the library promises.
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import ipywidgets as widgets
+
+from ..allocator import PagedKVCacheAllocator
+from .views import AddressTranslationView, BlockTableView, FreeQueueView
+
+OK, ERROR = "ok", "error"
+
+
+def _accepts_keyword(method: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def parse_token_ids(text: str) -> Optional[List[int]]:
+    """``"1 2, 3"`` -> ``[1, 2, 3]``; blank -> ``None`` (no token ids, just a count)."""
+    words = text.replace(",", " ").split()
+    if not words:
+        return None
+    try:
+        return [int(w) for w in words]
+    except ValueError:
+        raise ValueError(f"token ids must be whole numbers separated by spaces, got {text!r}") from None
+
+
+class Playground:
+    """Drive a :class:`~paged_kv_lib.PagedKVCacheAllocator` with buttons and watch it work.
+
+    Pass your own allocator (or let the playground make a small one) and keep a handle on
+    it: ``pg.allocator`` is the very object the buttons change, so you can inspect it, or
+    change it from code and call ``pg.refresh()``. Every button has a method twin
+    (:meth:`add_sequence`, :meth:`append`, :meth:`fork`, :meth:`free`) that logs the same way.
+
+    Example::
+
+        from paged_kv_lib.viz import Playground
+
+        pg = Playground(num_blocks=16, block_size=4)
+        pg                                   # the controls and the live views
+        pg.add_sequence(10)                  # same as typing 10 and clicking "add sequence"
+        pg.allocator.get_block_mapping(0)    # the real allocator behind it
+        pg.log[-1]                           # "added seq 0: 10 tokens -> blocks [0, 1, 2]"
+    """
+
+    def __init__(
+        self,
+        allocator: Optional[PagedKVCacheAllocator] = None,
+        *,
+        num_blocks: int = 16,
+        block_size: int = 4,
+        num_heads: int = 1,
+        head_dim: int = 4,
+        columns: int = 16,
+        max_log_lines: int = 8,
+    ) -> None:
+        if allocator is None:
+            allocator = PagedKVCacheAllocator(num_blocks, block_size, num_heads, head_dim)
+        self.allocator = allocator
+        self.max_log_lines = max_log_lines
+        self._entries: List[Tuple[str, str]] = []
+        self._selected: Optional[int] = None  # the sequence the dropdown should show next
+        self._next_seq_id = max(allocator.seq_ids, default=-1) + 1
+
+        self.block_table = BlockTableView(allocator, columns=columns)
+        self.free_queue = FreeQueueView(allocator, columns=columns)
+        self.translation = AddressTranslationView(allocator, columns=columns)
+
+        narrow = {"description_width": "initial"}
+        self.prompt_tokens = widgets.BoundedIntText(
+            value=2 * allocator.block_size + 1, min=0, max=1_000_000, description="prompt tokens",
+            style=narrow, layout=widgets.Layout(width="170px"))
+        self.token_ids = widgets.Text(
+            value="", placeholder="optional: token ids, e.g. 1 2 3 4 5", description="token ids",
+            style=narrow, layout=widgets.Layout(width="330px"),
+            tooltip="With prefix caching, prompts that share token ids share full blocks")
+        self.add_button = widgets.Button(description="add sequence", button_style="primary",
+                                         tooltip="allocate a new sequence for the prompt", icon="plus")
+        self.seq_select = widgets.Dropdown(description="sequence", layout=widgets.Layout(width="170px"))
+        self.num_tokens = widgets.BoundedIntText(value=1, min=0, max=1_000_000, description="tokens",
+                                                 style=narrow, layout=widgets.Layout(width="120px"))
+        self.append_button = widgets.Button(description="append tokens", tooltip="grow the sequence (decode)")
+        self.fork_button = widgets.Button(description="fork", tooltip="a child sequence sharing every block")
+        self.free_button = widgets.Button(description="free", button_style="danger",
+                                          tooltip="release the sequence's blocks")
+        for button, cls in ((self.add_button, "pkv-add"), (self.append_button, "pkv-append"),
+                            (self.fork_button, "pkv-fork"), (self.free_button, "pkv-free")):
+            button.add_class(cls)
+        self.prompt_tokens.add_class("pkv-prompt-tokens")
+        self.token_ids.add_class("pkv-token-ids")
+        self.num_tokens.add_class("pkv-num-tokens")
+        self.seq_select.add_class("pkv-seq-select")
+        self.log_html = widgets.HTML(value="")
+        self.log_html.add_class("pkv-log")
+
+        self.add_button.on_click(lambda _: self._add_from_controls())
+        self.append_button.on_click(lambda _: self.append(self.seq_select.value, self.num_tokens.value))
+        self.fork_button.on_click(lambda _: self.fork(self.seq_select.value))
+        self.free_button.on_click(lambda _: self.free(self.seq_select.value))
+
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox([self.prompt_tokens, self.token_ids, self.add_button]),
+                widgets.HBox([self.seq_select, self.num_tokens, self.append_button,
+                              self.fork_button, self.free_button]),
+                self.log_html,
+                self.block_table.widget(),
+                self.free_queue.widget(),
+                widgets.HTML("<b>address translation</b>: pick a sequence and a token"),
+                self.translation.widget(),
+            ],
+            layout=widgets.Layout(overflow="auto"),
+        )
+        self.widget.add_class("pkv-playground")
+        self.refresh()
+
+    # ------------------------------------------------------------------ actions
+    def add_sequence(self, num_tokens: Optional[int] = None, *, token_ids: Optional[Sequence[int]] = None,
+                     seq_id: Optional[int] = None) -> Optional[int]:
+        """Allocate a new sequence (next free id unless ``seq_id``); returns its id, or ``None`` if refused.
+
+        With ``token_ids`` the prompt is those tokens (their count is the length), so an
+        allocator with prefix caching can reuse blocks of an earlier identical prefix.
+        """
+        sid = self._next_seq_id if seq_id is None else seq_id
+
+        def act() -> str:
+            n = len(token_ids) if token_ids is not None else num_tokens
+            if token_ids is not None and num_tokens is not None and num_tokens != len(token_ids):
+                raise ValueError(f"num_tokens={num_tokens} but {len(token_ids)} token ids were given")
+            if n is None:
+                raise ValueError("give a number of prompt tokens or token ids")
+            kwargs = self._token_kwargs(self.allocator.allocate_for_sequence, token_ids)
+            hit = self.allocator.allocate_for_sequence(sid, n, **kwargs)
+            self._next_seq_id = max(self._next_seq_id, sid + 1)
+            self._selected = sid
+            text = f"added seq {sid}: {n} tokens -> blocks {self.allocator.get_block_mapping(sid)}"
+            if hit:
+                text += f" ({hit} prompt tokens found in the prefix cache)"
+            return text
+
+        return sid if self._run(act) else None
+
+    def append(self, seq_id: Optional[int], num_tokens: int = 1, *,
+               token_ids: Optional[Sequence[int]] = None) -> bool:
+        """Grow a sequence by ``num_tokens`` (or by ``token_ids``); returns whether it worked."""
+        def act() -> str:
+            self._need_seq(seq_id)
+            n = len(token_ids) if token_ids is not None else num_tokens
+            before = self.allocator.get_block_mapping(seq_id)
+            kwargs = self._token_kwargs(self.allocator.append_tokens, token_ids)
+            new = self.allocator.append_tokens(seq_id, n, **kwargs)
+            after = self.allocator.get_block_mapping(seq_id)
+            text = f"seq {seq_id}: +{n} tokens ({self.allocator.get_num_tokens(seq_id)} in all), "
+            text += f"new blocks {list(new)}" if new else "no new block"
+            moved = [(i, b, a) for i, (b, a) in enumerate(zip(before, after)) if a != b]
+            for logical, old, new_id in moved:
+                text += f"; copy-on-write: logical block {logical} moved from shared #{old} to #{new_id}"
+            return text
+
+        return self._run(act)
+
+    def fork(self, seq_id: Optional[int], child_seq_id: Optional[int] = None) -> Optional[int]:
+        """Fork ``seq_id`` into a new sequence sharing all its blocks; returns the child's id."""
+        child = self._next_seq_id if child_seq_id is None else child_seq_id
+
+        def act() -> str:
+            self._need_seq(seq_id)
+            fork = getattr(self.allocator, "fork", None)
+            if fork is None:
+                raise NotImplementedError(f"{type(self.allocator).__name__} has no fork() yet")
+            fork(seq_id, child)
+            self._next_seq_id = max(self._next_seq_id, child + 1)
+            self._selected = child
+            return f"forked seq {seq_id} -> seq {child}: shares blocks {self.allocator.get_block_mapping(child)}"
+
+        return child if self._run(act) else None
+
+    def free(self, seq_id: Optional[int]) -> bool:
+        """Free a sequence; its blocks go back to the free queue (shared ones stay with the others)."""
+        def act() -> str:
+            self._need_seq(seq_id)
+            blocks = self.allocator.get_block_mapping(seq_id)
+            self.allocator.free_sequence(seq_id)
+            free_now = set(self.allocator.free_blocks)
+            released = [b for b in blocks if b in free_now]
+            kept = [b for b in blocks if b not in free_now]
+            text = f"freed seq {seq_id}: blocks {released} back to the free queue"
+            if kept:
+                text += f", blocks {kept} still used by other sequences"
+            return text
+
+        return self._run(act)
+
+    # --------------------------------------------------------------- inspection
+    @property
+    def log(self) -> List[str]:
+        """Every log line so far, oldest first; refused actions start with ``"error: "``."""
+        return [("error: " + text) if kind == ERROR else text for kind, text in self._entries]
+
+    def summary(self) -> str:
+        """The allocator as text: pool, tables, shared blocks and free queue."""
+        return f"{self.block_table.summary()}\n{self.free_queue.summary()}"
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def to_html(self) -> str:
+        """A static picture of the current state (block tables and free queue) with the log."""
+        return (f'<div class="pkv-playground-static">{self._log_html()}'
+                f"{self.block_table.to_html()}{self.free_queue.to_html()}</div>")
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Dict[str, Any]:
+        # The live widget where a widget manager runs (JupyterLab), the static picture where
+        # none does (GitHub, nbviewer), and the text summary everywhere else.
+        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
+        bundle["text/html"] = self.to_html()
+        bundle["text/plain"] = self.summary()
+        return bundle
+
+    def refresh(self) -> None:
+        """Redraw everything from the allocator (call it after changing the allocator from code)."""
+        options = [(f"seq {s}", s) for s in self.allocator.seq_ids]
+        wanted = self._selected if self._selected is not None else self.seq_select.value
+        self.seq_select.options = options
+        ids = [s for _, s in options]
+        self.seq_select.value = wanted if wanted in ids else (ids[-1] if ids else None)
+        self._selected = None
+        self.block_table.refresh()
+        self.free_queue.refresh()
+        if self.seq_select.value is not None and self.seq_select.value in ids:
+            self.translation.seq_id = self.seq_select.value
+        self.translation.refresh()
+        self.log_html.value = self._log_html()
+
+    # ---------------------------------------------------------------- internals
+    def _add_from_controls(self) -> None:
+        try:
+            ids = parse_token_ids(self.token_ids.value)
+        except ValueError as exc:
+            self._record(ERROR, f"ValueError: {exc}")
+            self.refresh()
+            return
+        self.add_sequence(None if ids is not None else self.prompt_tokens.value, token_ids=ids)
+
+    def _token_kwargs(self, method: Callable[..., Any], token_ids: Optional[Sequence[int]]) -> Dict[str, Any]:
+        if token_ids is None:
+            return {}
+        if not _accepts_keyword(method, "token_ids"):
+            raise NotImplementedError(f"{type(self.allocator).__name__}.{method.__name__} takes no token_ids yet")
+        return {"token_ids": list(token_ids)}
+
+    def _need_seq(self, seq_id: Optional[int]) -> None:
+        if seq_id is None:
+            raise ValueError("no sequence selected: add one first")
+
+    def _run(self, act: Callable[[], str]) -> bool:
+        """Do one action; log its line, or its error's message instead of a traceback."""
+        try:
+            text = act()
+        except Exception as exc:  # a UI boundary: every refusal becomes a readable line
+            self._record(ERROR, f"{type(exc).__name__}: {exc}")
+            self.refresh()
+            return False
+        self._record(OK, text)
+        check = getattr(self.allocator, "check_invariants", None)
+        if callable(check):
+            try:
+                check()
+            except Exception as exc:
+                self._record(ERROR, f"invariants broken after this action: {exc}")
+        self.refresh()
+        return True
+
+    def _record(self, kind: str, text: str) -> None:
+        self._entries.append((kind, text))
+
+    def _log_html(self) -> str:
+        shown = self._entries[-self.max_log_lines:] if self.max_log_lines > 0 else []
+        if not shown:
+            return '<div class="pkv-log-empty" style="color:#666">log: nothing yet, try "add sequence"</div>'
+        lines = []
+        start = len(self._entries) - len(shown)
+        for n, (kind, text) in enumerate(shown, start=start + 1):
+            color = "#b00020" if kind == ERROR else "#1b5e20"
+            mark = "\u2717" if kind == ERROR else "\u2713"
+            lines.append(
+                f'<div class="pkv-log-line pkv-{kind}" data-kind="{kind}" data-n="{n}" '
+                f'style="font-family:monospace;font-size:12px;color:{color}">'
+                f"{n:>3} {mark} {html.escape(text)}</div>"
+            )
+        return f'<div class="pkv-log-lines">{"".join(lines)}</div>'

@@ -1,0 +1,403 @@
+"""Static SVG/HTML drawings of the snapshot models (``snapshot.py``): pool, tables, queue.
+
+Everything here is a pure function of plain data and returns a string, so the same state
+always gives byte-identical output (no random ids, no timestamps): a lesson can store it,
+nbval can compare it, and GitHub or nbviewer can show it. Colours are SVG presentation
+attributes rather than CSS, which survives HTML sanitizers. Every drawn block carries
+``data-*`` attributes (``data-block-id``, ``data-seq``, ``data-state``...) for tests and
+for anyone inspecting the DOM.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .colors import (
+    CACHED_FILL,
+    CACHED_STROKE,
+    FREE_FILL,
+    FREE_STROKE,
+    HIGHLIGHT,
+    MUTED_TEXT,
+    TEXT_DARK,
+    seq_color,
+    tint,
+)
+
+FONT = "system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif"
+CELL_W = 52
+HEADER_H = 14
+BODY_H = 30
+CELL_H = HEADER_H + BODY_H
+GAP = 6
+MARGIN = 10
+LABEL_W = 118  # room for "seq 12 · 100 tok" left of a block-table row
+LINE_H = 18
+
+Point = Tuple[float, float]
+
+
+# ----------------------------------------------------------------- primitives
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{round(value, 2):g}"
+    return str(value)
+
+
+def _el(tag: str, content: Optional[str] = None, **attrs: Any) -> str:
+    """One SVG/HTML element; ``data_block_id=3`` becomes ``data-block-id="3"``, ``None`` is dropped."""
+    rendered = "".join(
+        f' {name.rstrip("_").replace("_", "-")}="{html.escape(_fmt(value), quote=True)}"'
+        for name, value in attrs.items()
+        if value is not None
+    )
+    if content is None:
+        return f"<{tag}{rendered}/>"
+    return f"<{tag}{rendered}>{content}</{tag}>"
+
+
+def _text(x: float, y: float, text: str, *, size: int = 11, anchor: str = "start",
+          weight: Optional[str] = None, fill: str = TEXT_DARK, **attrs: Any) -> str:
+    return _el("text", html.escape(text), x=x, y=y, font_size=size, text_anchor=anchor,
+               font_weight=weight, fill=fill, **attrs)
+
+
+def _svg(width: float, height: float, parts: Iterable[str], label: str, kind: str) -> str:
+    body = "".join(parts)
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="pkv-svg pkv-{kind}" '
+        f'width="{_fmt(width)}" height="{_fmt(height)}" viewBox="0 0 {_fmt(width)} {_fmt(height)}" '
+        f'role="img" aria-label="{html.escape(label, quote=True)}" '
+        f'font-family="{html.escape(FONT, quote=True)}">'
+        f"{body}</svg>"
+    )
+
+
+def _approx_text_width(text: str, size: int = 11) -> float:
+    return len(text) * size * 0.6
+
+
+# -------------------------------------------------------------- block cells
+def _fill_rows(x: float, y: float, colors: Sequence[str], fill: int, block_size: int) -> List[str]:
+    """The body of a block: one horizontal band per owner, filled left to right, slot by slot."""
+    parts = []
+    band_h = BODY_H / len(colors)
+    filled_w = CELL_W * fill / block_size
+    for i, color in enumerate(colors):
+        by = y + i * band_h
+        parts.append(_el("rect", x=x, y=by, width=CELL_W, height=band_h, fill=tint(color)))
+        if filled_w:
+            parts.append(_el("rect", x=x, y=by, width=filled_w, height=band_h, fill=color))
+    if block_size <= 16:
+        # Faint slot dividers: a block is block_size token slots in a row.
+        step = CELL_W / block_size
+        ticks = " ".join(f"M{_fmt(x + k * step)} {_fmt(y)}v{_fmt(BODY_H)}" for k in range(1, block_size))
+        if ticks:
+            parts.append(_el("path", d=ticks, stroke="#ffffff", stroke_width=1, stroke_opacity=0.55))
+    return parts
+
+
+def _pill(cx: float, cy: float, text: str) -> List[str]:
+    """A small white label readable on any block colour."""
+    w = _approx_text_width(text, 10) + 8
+    return [
+        _el("rect", x=cx - w / 2, y=cy - 7, width=w, height=14, rx=7, fill="#ffffff", fill_opacity=0.88),
+        _text(cx, cy + 3.5, text, size=10, anchor="middle"),
+    ]
+
+
+def _owner_label(owners: Sequence[int], ref_count: int) -> str:
+    if len(owners) == 1:
+        return f"s{owners[0]}"
+    if len(owners) == 2:
+        return f"s{owners[0]}+s{owners[1]}"
+    return f"\u00d7{ref_count}"
+
+
+def _block_tooltip(block: Dict[str, Any]) -> str:
+    bid, state = block["block_id"], block["state"]
+    if state == "used":
+        who = ", ".join(str(s) for s in block["owners"])
+        text = (f"block {bid}: used by seq {who}, ref_count {block['ref_count']}, "
+                f"{block['fill']}/{block['block_size']} slots filled")
+    elif state == "cached":
+        text = f"block {bid}: free but cached (its contents can be reused by a matching prefix)"
+    else:
+        text = f"block {bid}: free"
+    if block.get("hash"):
+        text += f", hash {block['hash']}"
+    return text
+
+
+def pool_block(block: Dict[str, Any], x: float, y: float, *, highlight_offset: Optional[int] = None,
+               highlighted: bool = False) -> str:
+    """One physical block: header with its id and fill, body coloured by owner(s) or state."""
+    state, size = block["state"], block["block_size"]
+    parts = [_el("title", html.escape(_block_tooltip(block)))]
+    body_y = y + HEADER_H
+    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill="#ffffff"))
+    parts.append(_text(x + 3, y + 11, f"#{block['block_id']}", size=10, weight="bold"))
+    if state == "used":
+        parts.append(_text(x + CELL_W - 3, y + 11, f"{block['fill']}/{size}", size=9,
+                           anchor="end", fill=MUTED_TEXT))
+        parts += _fill_rows(x, body_y, [seq_color(s) for s in block["owners"]] or ["#888888"],
+                            block["fill"], size)
+        parts += _pill(x + CELL_W / 2, body_y + BODY_H / 2, _owner_label(block["owners"], block["ref_count"]))
+        stroke, dash, width = "#333333", None, 2 if block["ref_count"] > 1 else 1
+    else:
+        fill, stroke = (CACHED_FILL, CACHED_STROKE) if state == "cached" else (FREE_FILL, FREE_STROKE)
+        parts.append(_el("rect", x=x, y=body_y, width=CELL_W, height=BODY_H, fill=fill))
+        parts.append(_text(x + CELL_W / 2, body_y + BODY_H / 2 + 4, state, size=10,
+                           anchor="middle", fill=MUTED_TEXT))
+        dash, width = ("4 2" if state == "free" else None), 1
+    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=CELL_H, fill="none", stroke=stroke,
+                     stroke_width=width, stroke_dasharray=dash))
+    if highlight_offset is not None:
+        sw = CELL_W / size
+        parts.append(_el("rect", class_="pkv-slot", x=x + highlight_offset * sw, y=body_y,
+                         width=sw, height=BODY_H, fill="none", stroke=HIGHLIGHT, stroke_width=2))
+    if highlighted:
+        parts.append(_el("rect", x=x - 3, y=y - 3, width=CELL_W + 6, height=CELL_H + 6, rx=3,
+                         fill="none", stroke=HIGHLIGHT, stroke_width=2.5))
+    return _el(
+        "g", "".join(parts), class_="pkv-block" + (" pkv-highlight" if highlighted else ""),
+        data_block_id=block["block_id"], data_state=state,
+        data_seq=" ".join(str(s) for s in block["owners"]), data_ref_count=block["ref_count"],
+        data_fill=block["fill"],
+    )
+
+
+def logical_block(seq_id: int, entry: Dict[str, Any], block_size: int, x: float, y: float, *,
+                  highlight_offset: Optional[int] = None) -> str:
+    """One logical block of a sequence: ``L<i>``, its fill, and the physical block it maps to."""
+    color = seq_color(seq_id)
+    tooltip = (f"seq {seq_id}, logical block {entry['logical']} -> physical block {entry['block_id']}, "
+               f"{entry['fill']}/{block_size} of its tokens here"
+               + (f", shared (ref_count {entry['ref_count']})" if entry["shared"] else ""))
+    parts = [_el("title", html.escape(tooltip))]
+    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill="#ffffff"))
+    parts.append(_text(x + 3, y + 11, f"L{entry['logical']}", size=10, weight="bold", fill=color))
+    parts.append(_text(x + CELL_W - 3, y + 11, f"{entry['fill']}/{block_size}", size=9,
+                       anchor="end", fill=MUTED_TEXT))
+    parts += _fill_rows(x, y + HEADER_H, [color], entry["fill"], block_size)
+    parts += _pill(x + CELL_W / 2, y + HEADER_H + BODY_H / 2, f"\u2192#{entry['block_id']}")
+    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=CELL_H, fill="none", stroke=color,
+                     stroke_width=2 if entry["shared"] else 1))
+    if highlight_offset is not None:
+        sw = CELL_W / block_size
+        parts.append(_el("rect", class_="pkv-slot", x=x + highlight_offset * sw, y=y + HEADER_H,
+                         width=sw, height=BODY_H, fill="none", stroke=HIGHLIGHT, stroke_width=2))
+    return _el("g", "".join(parts), class_="pkv-logical", data_seq=seq_id,
+               data_logical=entry["logical"], data_block_id=entry["block_id"], data_fill=entry["fill"])
+
+
+# ------------------------------------------------------------------ layouts
+def _grid_positions(count: int, columns: int, x0: float, y0: float) -> List[Point]:
+    return [(x0 + (i % columns) * (CELL_W + GAP), y0 + (i // columns) * (CELL_H + GAP))
+            for i in range(count)]
+
+
+def _grid_height(count: int, columns: int) -> float:
+    rows = max(1, -(-count // columns))
+    return rows * CELL_H + (rows - 1) * GAP
+
+
+def _link(start: Point, end: Point, color: str, *, width: float = 1.5, opacity: float = 0.45,
+          cls: str = "pkv-link") -> str:
+    """A curve from the top of a logical block up to the bottom of its physical block."""
+    (x1, y1), (x2, y2) = start, end
+    bend = max(20.0, (y1 - y2) * 0.45)
+    d = f"M{_fmt(x1)} {_fmt(y1)}C{_fmt(x1)} {_fmt(y1 - bend)} {_fmt(x2)} {_fmt(y2 + bend)} {_fmt(x2)} {_fmt(y2)}"
+    return _el("path", class_=cls, d=d, fill="none", stroke=color, stroke_width=width,
+               stroke_opacity=opacity)
+
+
+def legend_items(seq_ids: Iterable[int], *, shared: bool = False, cached: bool = True) -> List[Tuple[str, str, str]]:
+    """(kind, colour, label) entries for :func:`legend`: the sequences shown, then block states."""
+    items = [("seq", seq_color(s), f"seq {s}") for s in seq_ids]
+    items.append(("free", FREE_FILL, "free"))
+    if cached:
+        items.append(("cached", CACHED_FILL, "cached (free, reusable prefix)"))
+    if shared:
+        items.append(("shared", "#ffffff", "bands / thick border: shared block"))
+    items.append(("fill", "#888888", "solid part = filled slots"))
+    return items
+
+
+def legend(items: Sequence[Tuple[str, str, str]], x0: float, y0: float, width: float) -> Tuple[List[str], float]:
+    """Swatch + label entries flowing left to right, wrapping at ``width``; returns parts and height."""
+    parts: List[str] = []
+    x, y = x0, y0
+    for kind, color, label in items:
+        w = 14 + 5 + _approx_text_width(label, 11) + 14
+        if x > x0 and x + w > x0 + width:
+            x, y = x0, y + LINE_H
+        if kind == "free":
+            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=FREE_STROKE, stroke_dasharray="3 2")
+        elif kind == "cached":
+            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=CACHED_STROKE)
+        elif kind == "shared":
+            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke="#333333", stroke_width=2)
+        elif kind == "fill":
+            swatch = (_el("rect", x=x, y=y, width=14, height=12, fill=tint(color))
+                      + _el("rect", x=x, y=y, width=8, height=12, fill=color))
+        else:
+            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color)
+        parts.append(_el("g", swatch + _text(x + 19, y + 10, label, size=11), class_="pkv-legend-item",
+                         data_kind=kind))
+        x += w
+    return parts, (y - y0) + LINE_H
+
+
+def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool = True) -> str:
+    """The pool as a grid of blocks, and under it each sequence's logical blocks, linked up to the
+    physical blocks they map to."""
+    blocks, rows, size = model["blocks"], model["sequences"], model["block_size"]
+    columns = max(1, min(columns, len(blocks)))
+    pool_x, y = MARGIN + LABEL_W, MARGIN
+    parts: List[str] = []
+    links_parts: List[str] = []
+    used = sum(1 for b in blocks if b["state"] == "used")
+    parts.append(_text(MARGIN, y + 11, f"physical pool: {len(blocks)} blocks of {size} slots, "
+                       f"{used} used, {len(blocks) - used} free", size=12, weight="bold"))
+    y += LINE_H + 4
+    pool_pos = _grid_positions(len(blocks), columns, pool_x, y)
+    for i in range(0, len(blocks), columns):
+        parts.append(_text(pool_x - 8, pool_pos[i][1] + CELL_H / 2 + 4,
+                           f"blocks {blocks[i]['block_id']}\u2013{blocks[min(i + columns, len(blocks)) - 1]['block_id']}",
+                           size=10, anchor="end", fill=MUTED_TEXT))
+    for block, (bx, by) in zip(blocks, pool_pos):
+        parts.append(pool_block(block, bx, by))
+    where = {b["block_id"]: p for b, p in zip(blocks, pool_pos)}
+    y += _grid_height(len(blocks), columns) + 46
+    widest = columns
+    parts.append(_text(MARGIN, y - 12, "block tables: logical block \u2192 physical block",
+                       size=12, weight="bold"))
+    if not rows:
+        parts.append(_text(pool_x, y + 14, "no sequences yet", size=11, fill=MUTED_TEXT))
+        y += LINE_H + 8
+    for row in rows:
+        color = seq_color(row["seq_id"])
+        parts.append(_el("g", _text(MARGIN, y + CELL_H / 2 + 4, f"seq {row['seq_id']} \u00b7 {row['num_tokens']} tok",
+                                    size=11, weight="bold", fill=color), class_="pkv-seq-label",
+                         data_seq=row["seq_id"], data_tokens=row["num_tokens"]))
+        for i, entry in enumerate(row["blocks"]):
+            lx = pool_x + i * (CELL_W + GAP)
+            parts.append(logical_block(row["seq_id"], entry, size, lx, y))
+            if links and entry["block_id"] in where:
+                px, py = where[entry["block_id"]]
+                links_parts.append(_link((lx + CELL_W / 2, y), (px + CELL_W / 2, py + CELL_H), color))
+        widest = max(widest, len(row["blocks"]))
+        y += CELL_H + GAP
+    width = pool_x + widest * (CELL_W + GAP) - GAP + MARGIN
+    seqs = [r["seq_id"] for r in rows]
+    legend_parts, legend_h = legend(legend_items(seqs, shared=any(b["ref_count"] > 1 for b in blocks)),
+                                    MARGIN, y + 8, width - 2 * MARGIN)
+    height = y + 8 + legend_h + MARGIN
+    label = f"paged KV pool with {len(blocks)} blocks and {len(rows)} sequences"
+    # Links first, so the blocks are drawn over them.
+    return _svg(width, height, links_parts + parts + legend_parts, label, "block-table")
+
+
+def render_free_queue(entries: Sequence[Dict[str, Any]], num_blocks: int, *, columns: int = 16) -> str:
+    """The free queue as a chain from head (handed out next) to tail, free and cached told apart."""
+    columns = max(1, columns)
+    w, h, gap = 40, 30, 16
+    parts: List[str] = []
+    cached = sum(1 for e in entries if e["state"] == "cached")
+    title = (f"free queue: {len(entries)} of {num_blocks} blocks"
+             + (f" ({cached} cached)" if cached else "") + ", head \u2192 tail")
+    parts.append(_text(MARGIN, MARGIN + 11, title, size=12, weight="bold"))
+    y0 = MARGIN + LINE_H + 16
+    if not entries:
+        parts.append(_text(MARGIN, y0 + 14, "empty: every block is in use", size=11, fill=MUTED_TEXT))
+    for i, entry in enumerate(entries):
+        x = MARGIN + (i % columns) * (w + gap)
+        y = y0 + (i // columns) * (h + 26)
+        fill, stroke = (CACHED_FILL, CACHED_STROKE) if entry["state"] == "cached" else (FREE_FILL, FREE_STROKE)
+        tooltip = f"position {i} in the free queue: block {entry['block_id']}, {entry['state']}"
+        if entry.get("hash"):
+            tooltip += f", hash {entry['hash']}"
+        cell = [_el("title", html.escape(tooltip)),
+                _el("rect", x=x, y=y, width=w, height=h, rx=3, fill=fill, stroke=stroke,
+                    stroke_dasharray=None if entry["state"] == "cached" else "4 2"),
+                _text(x + w / 2, y + h / 2 + 4, f"#{entry['block_id']}", size=11, anchor="middle", weight="bold")]
+        if i == 0:
+            cell.append(_text(x + w / 2, y - 5, "head", size=10, anchor="middle", fill=MUTED_TEXT))
+        if i == len(entries) - 1:
+            cell.append(_text(x + w / 2, y - 5 if i else y + h + 12, "tail", size=10, anchor="middle",
+                              fill=MUTED_TEXT))
+        if i + 1 < len(entries) and (i + 1) % columns:
+            cell.append(_el("path", d=f"M{x + w + 2} {y + h / 2}h{gap - 6}m-4 -3l4 3l-4 3",
+                            fill="none", stroke="#888888", stroke_width=1.2))
+        parts.append(_el("g", "".join(cell), class_="pkv-free-entry", data_block_id=entry["block_id"],
+                         data_state=entry["state"], data_position=i))
+    rows = max(1, -(-len(entries) // columns))
+    y = y0 + rows * (h + 26) - 10
+    shown = min(max(len(entries), 1), columns)
+    width = max(MARGIN * 2 + shown * (w + gap) - gap, 560)
+    legend_parts, legend_h = legend(
+        [("free", FREE_FILL, "free (empty)"), ("cached", CACHED_FILL, "cached (keeps a prefix hash; reused last)")],
+        MARGIN, y, width - 2 * MARGIN)
+    return _svg(width, y + legend_h + MARGIN, parts + legend_parts,
+                f"free queue of {len(entries)} blocks", "free-queue")
+
+
+def render_translation(model: Dict[str, Any], *, columns: int = 16) -> str:
+    """One token's address translation: the sequence's logical blocks above the pool, the token's
+    logical block linked to its physical block, and the slot outlined in both."""
+    t, blocks, row = model["translation"], model["blocks"], model["sequence"]
+    columns = max(1, min(columns, len(blocks)))
+    x0 = MARGIN + LABEL_W
+    parts: List[str] = []
+    y = MARGIN
+    if t is None:
+        parts.append(_text(MARGIN, y + 14, "no sequence to translate: allocate one first", size=12,
+                           fill=MUTED_TEXT))
+        return _svg(420, 40, parts, "address translation (no sequence)", "translation")
+    color = seq_color(t["seq_id"])
+    parts.append(_el("g", _text(MARGIN, y + CELL_H / 2 + 4, f"seq {t['seq_id']}", size=11, weight="bold",
+                                fill=color), class_="pkv-seq-label", data_seq=t["seq_id"]))
+    logical_pos = {}
+    for i, entry in enumerate(row["blocks"]):
+        lx = x0 + i * (CELL_W + GAP)
+        logical_pos[entry["logical"]] = (lx, y)
+        offset = t["offset"] if entry["logical"] == t["logical_block"] else None
+        parts.append(logical_block(t["seq_id"], entry, t["block_size"], lx, y, highlight_offset=offset))
+    y += CELL_H + 56
+    parts.append(_text(MARGIN, y + CELL_H / 2 + 4, "physical pool", size=11, weight="bold"))
+    pool_pos = _grid_positions(len(blocks), columns, x0, y)
+    link = ""
+    for block, (bx, by) in zip(blocks, pool_pos):
+        hit = block["block_id"] == t["block_id"]
+        parts.append(pool_block(block, bx, by, highlighted=hit, highlight_offset=t["offset"] if hit else None))
+        if hit:
+            lx, ly = logical_pos[t["logical_block"]]
+            link = _link((lx + CELL_W / 2, ly + CELL_H), (bx + CELL_W / 2, by), HIGHLIGHT,
+                         width=2.5, opacity=0.9, cls="pkv-link pkv-translation-link")
+    y += _grid_height(len(blocks), columns) + MARGIN
+    width = x0 + max(columns, len(row["blocks"])) * (CELL_W + GAP) - GAP + MARGIN
+    label = (f"token {t['position']} of seq {t['seq_id']}: logical block {t['logical_block']}, "
+             f"offset {t['offset']}, physical block {t['block_id']}, slot {t['slot']}")
+    return _svg(width, y, parts + [link], label, "translation")
+
+
+def translation_table(t: Optional[Dict[str, Any]]) -> str:
+    """The arithmetic of one translation as a small HTML table (readable without the picture)."""
+    if t is None:
+        return _el("div", "no sequence to translate", class_="pkv-translation-text")
+    bs = t["block_size"]
+    rows = [
+        ("token position", f"{t['position']} (of {t['num_tokens']} in seq {t['seq_id']})"),
+        ("logical block", f"{t['position']} // {bs} = {t['logical_block']}"),
+        ("offset in block", f"{t['position']} % {bs} = {t['offset']}"),
+        ("physical block", f"block_table[{t['logical_block']}] = {t['block_id']}"),
+        ("slot", f"{t['block_id']} \u00d7 {bs} + {t['offset']} = {t['slot']}"),
+    ]
+    cells = "".join(
+        _el("tr", _el("td", html.escape(k), style="padding:1px 10px 1px 0;color:#555")
+            + _el("td", _el("code", html.escape(v))), data_field=k.replace(" ", "-"))
+        for k, v in rows)
+    return _el("table", cells, class_="pkv-translation-text", data_slot=t["slot"],
+               data_block_id=t["block_id"], style="border-collapse:collapse;font-size:13px;font-family:" + FONT)
