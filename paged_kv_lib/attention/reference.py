@@ -36,19 +36,23 @@ def _attend(
 ) -> torch.Tensor:
     """Softmax attention of ``q`` ``[q_heads, n_q, d]`` over ``k``/``v`` ``[kv_heads, n_k, d]``.
 
-    Each group of ``q_heads // kv_heads`` query heads shares one K/V head. With
-    ``causal_offset`` set, query ``i`` sits at position ``causal_offset + i`` and sees
-    only keys at positions up to its own.
+    Each group of ``q_heads // kv_heads`` consecutive query heads shares one K/V head
+    (grouped-query attention). With ``causal_offset`` set, query ``i`` sits at position
+    ``causal_offset + i`` and sees only keys at positions up to its own.
     """
-    group = q.shape[0] // k.shape[0]
-    k = k.repeat_interleave(group, dim=0).float()
-    v = v.repeat_interleave(group, dim=0).float()
-    scores = torch.matmul(q.float(), k.transpose(1, 2)) * scale  # [q_heads, n_q, n_k]
+    q_heads, n_q, head_dim = q.shape
+    kv_heads, n_k, _ = k.shape
+    group = q_heads // kv_heads
+    # Stack each group's queries as rows under its K/V head: one matmul serves the group.
+    q = q.float().reshape(kv_heads, group * n_q, head_dim)
+    scores = torch.matmul(q, k.float().transpose(1, 2)) * scale  # [kv_heads, group*n_q, n_k]
     if causal_offset is not None:
-        q_pos = causal_offset + torch.arange(q.shape[1], device=q.device)
-        k_pos = torch.arange(k.shape[1], device=q.device)
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+        q_pos = causal_offset + torch.arange(n_q, device=q.device)
+        k_pos = torch.arange(n_k, device=q.device)
+        hidden = (k_pos[None, :] > q_pos[:, None]).repeat(group, 1)  # [group*n_q, n_k]
+        scores = scores.masked_fill(hidden, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.float())  # [kv_heads, group*n_q, d]
+    return out.reshape(q_heads, n_q, head_dim)
 
 
 def paged_attention_reference(
