@@ -41,9 +41,16 @@ def gather_tokens(cache: torch.Tensor, block_ids: torch.Tensor, num_tokens: int)
     return tokens[:num_tokens].contiguous()
 
 
-def copy_blocks(caches: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy whole blocks ``src[i] -> dst[i]`` in every layer of a stacked cache.
+def copy_blocks(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy whole blocks ``src[i] -> dst[i]`` in every layer, K and V, of a stacked cache.
 
-    ``caches`` is ``[num_layers, num_blocks, H, bs, D]``; one indexed copy moves all layers.
+    ``kv`` is ``[2, num_layers, num_blocks, H, bs, D]``: one indexed copy moves everything
+    (this is copy-on-write's copy).
     """
-    caches[:, dst] = caches[:, src]
+    kv[:, :, dst] = kv[:, :, src]
+
+
+def transfer_blocks(src_kv: torch.Tensor, src: torch.Tensor, dst_kv: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy blocks between two stacked caches, possibly on different devices (swapping)."""
+    moved = src_kv[:, :, src.to(src_kv.device)]
+    dst_kv[:, :, dst.to(dst_kv.device)] = moved.to(dst_kv.device)

@@ -40,3 +40,11 @@ class OutOfBlocksError(PagedKVError, RuntimeError):
 
 class InvariantError(PagedKVError, AssertionError):
     """``check_invariants`` found the allocator in an inconsistent state (a bug)."""
+
+
+class SequenceStateError(PagedKVError, ValueError):
+    """The sequence is in the wrong state for the call (swapped out, or not swapped out)."""
+
+
+class BlocksInUseError(PagedKVError, RuntimeError):
+    """The operation needs every block to be free (for example resetting the prefix cache)."""

@@ -71,8 +71,14 @@ class FreeBlockQueue:
         """Remove and return the id at the head."""
         if self._len == 0:
             raise IndexError("pop from an empty free queue")
-        block_id = self._next[self._sentinel]
-        self.remove(block_id)
+        sentinel, nxt_of = self._sentinel, self._next
+        block_id = nxt_of[sentinel]
+        after = nxt_of[block_id]
+        nxt_of[sentinel] = after
+        self._prev[after] = sentinel
+        self._prev[block_id] = NOT_QUEUED
+        nxt_of[block_id] = NOT_QUEUED
+        self._len -= 1
         return block_id
 
     def append(self, block_id: int) -> None:

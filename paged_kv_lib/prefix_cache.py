@@ -1,0 +1,74 @@
+"""Prefix caching: content keys for full blocks, and the table from key to block.
+
+A full block's key is a SHA-256 digest chained over its parent block's key, an optional
+extra key (a salt: a LoRA id, a tenant, an image hash), and the block's own token ids.
+Chaining means equal tokens after different prefixes get different keys, because the
+K/V of a token depends on everything before it. A cryptographic hash makes an accidental
+collision (two different prefixes, one key) practically impossible, so a hit needs no
+token comparison. Partial blocks have no key: their content is still changing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Dict, Optional, Sequence
+
+ROOT_KEY = bytes(32)
+
+
+def block_key(parent_key: Optional[bytes], token_ids: Sequence[int], extra_key: Optional[bytes] = None) -> bytes:
+    """The key of a full block holding ``token_ids`` after the block whose key is ``parent_key``."""
+    digest = hashlib.sha256(parent_key or ROOT_KEY)
+    if extra_key:
+        # Length-prefixed so that (salt, tokens) pairs can't run into each other.
+        digest.update(len(extra_key).to_bytes(8, "little"))
+        digest.update(extra_key)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes] = None) -> list:
+    """Keys of every full block of a token sequence, in order."""
+    keys = []
+    parent = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = block_key(parent, token_ids[start : start + block_size], extra_key)
+        keys.append(parent)
+    return keys
+
+
+class PrefixCache:
+    """Which physical block holds the content with a given key, and how often lookups hit.
+
+    Only the allocator calls the mutating methods; it keeps ``Block.block_hash`` and this
+    table in step (a block has a hash exactly when the table maps that hash to it).
+    """
+
+    __slots__ = ("_by_key", "queries", "hits")
+
+    def __init__(self) -> None:
+        self._by_key: Dict[bytes, int] = {}
+        self.queries = 0
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def get(self, key: bytes) -> Optional[int]:
+        return self._by_key.get(key)
+
+    def insert(self, key: bytes, block_id: int) -> None:
+        self._by_key[key] = block_id
+
+    def remove(self, key: bytes) -> None:
+        del self._by_key[key]
+
+    def items(self):
+        return self._by_key.items()
+
+    def clear(self) -> None:
+        self._by_key.clear()
