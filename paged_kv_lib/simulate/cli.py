@@ -1,0 +1,136 @@
+"""``paged-kv simulate``: the memory-waste table (and plot) for a workload, from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List
+
+from .metrics import SimResult
+from .plots import label
+from .reservation import FITS
+from .runner import ALLOCATORS, DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY, simulate
+from .workloads import DEFAULT_MAX_LEN, DEFAULT_RATE, TRACES, Workload, WorkloadError, load_workload, make_workload
+
+DEFAULT_REQUESTS = 1000
+
+
+def register(subparsers) -> None:
+    """Add the ``simulate`` subcommand to the ``paged-kv`` parser."""
+    parser = subparsers.add_parser(
+        "simulate",
+        help="memory waste of contiguous vs paged KV caches under a simulated workload",
+        description=(
+            "Serve a workload under Orca-style contiguous reservations (max, pow2, oracle) and "
+            "the paged allocator, and print how the KV-cache capacity is spent (time-averaged "
+            "over the steps where requests wait for memory)."
+        ),
+    )
+    parser.add_argument("--workload", default="sharegpt",
+                        help=f"{' | '.join(TRACES)} | a .csv/.json trace of prompt_len,output_len[,arrival] (default sharegpt)")
+    parser.add_argument("--capacity-tokens", type=int, default=DEFAULT_CAPACITY,
+                        help=f"KV-cache token slots (default {DEFAULT_CAPACITY}: a 13B model on a 40 GB GPU)")
+    parser.add_argument("--block-size", default=str(DEFAULT_BLOCK_SIZE),
+                        help="paged block size, or a comma list for a sweep, e.g. 1,2,4,8,16,32,64,128,256")
+    parser.add_argument("--requests", type=int, default=None,
+                        help=f"requests to simulate (default {DEFAULT_REQUESTS}; a trace file: all of it)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default 0)")
+    parser.add_argument("--rate", type=float, default=DEFAULT_RATE,
+                        help=f"Poisson arrivals per scheduler step (default {DEFAULT_RATE}: saturating)")
+    parser.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
+                        help=f"model context length; orca-max reserves this much (default {DEFAULT_MAX_LEN})")
+    parser.add_argument("--allocators", default=",".join(ALLOCATORS),
+                        help=f"comma list from {', '.join(ALLOCATORS)} (default: all)")
+    parser.add_argument("--fit", choices=FITS, default="buddy",
+                        help="contiguous allocator of the orca rows (default buddy, as in the paper)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw the breakdown and batch sizes to this file")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the subcommand; returns the exit status (2 for bad arguments or trace files)."""
+    try:
+        sizes = _int_list(args.block_size, "--block-size")
+        allocators = [a.strip() for a in args.allocators.split(",") if a.strip()]
+        workload = _workload(args)
+        bar = _progress(args, workload, allocators, sizes)
+        try:
+            results = simulate(workload, args.capacity_tokens, allocators, sizes, fit=args.fit, progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+    except (ValueError, TypeError) as exc:
+        print(f"paged-kv simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report(workload, args.capacity_tokens, results, seed=args.seed, fit=args.fit)))
+    else:
+        print(f"workload {workload.name}: {len(workload)} requests, mean prompt {workload.mean_prompt():.0f}, "
+              f"mean output {workload.mean_output():.0f} tokens; capacity {args.capacity_tokens} token slots; "
+              f"contiguous allocator: {args.fit}")
+        print(format_table(results))
+    if args.plot:
+        from .plots import plot_results
+
+        plot_results(results, args.plot, title=f"{workload.name}, {args.capacity_tokens} token slots")
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def report(workload: Workload, capacity_tokens: int, results: List[SimResult], **extra) -> dict:
+    """The ``--json`` object: the run's settings and one entry per allocator row."""
+    rows = []
+    for r in results:
+        row = r.as_dict()
+        row.pop("capacity_tokens")
+        rows.append(row)
+    return {"workload": workload.name, "capacity_tokens": capacity_tokens, "requests": len(workload),
+            "max_len": workload.max_len, **extra, "results": rows}
+
+
+def format_table(results: List[SimResult]) -> str:
+    """One aligned text row per result: the five parts in percent, batch, preemptions, finished."""
+    header = ("allocator", "tokens", "reserved", "internal", "external", "free", "batch", "preempt", "finished")
+    rows = [header]
+    for r in results:
+        rows.append((label(r), *(f"{100 * getattr(r, p):.1f}%" for p in
+                                 ("token_states", "reserved", "internal", "external", "free")),
+                     f"{r.mean_batch:.1f}", str(r.preemptions), str(r.finished)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    return "\n".join(lines)
+
+
+def _int_list(text: str, flag: str) -> List[int]:
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise ValueError(f"{flag} takes integers separated by commas, got {text!r}") from None
+    return values
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    if args.workload in TRACES:
+        count = DEFAULT_REQUESTS if args.requests is None else args.requests
+        return make_workload(args.workload, count, args.seed, rate=args.rate, max_len=args.max_len)
+    if not os.path.exists(args.workload) and not os.path.splitext(args.workload)[1]:
+        raise WorkloadError(f"--workload {args.workload!r} is neither {' nor '.join(TRACES)} nor a file")
+    return load_workload(args.workload, num_requests=args.requests, seed=args.seed, rate=args.rate,
+                         max_len=args.max_len)
+
+
+def _progress(args: argparse.Namespace, workload: Workload, allocators: List[str], sizes: List[int]):
+    if args.json or args.no_progress or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    runs = sum(len(sizes) if name == "paged" else 1 for name in allocators)
+    return tqdm(total=runs * len(workload), unit="req", desc="simulating", file=sys.stderr)
