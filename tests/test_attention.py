@@ -26,6 +26,8 @@ from paged_kv_lib.attention import api
 from paged_kv_lib.attention.testing import TOLERANCES, make_paged_batch, sdpa_decode, sdpa_extend
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# The end-to-end tests use the GPU when there is one (Triton needs it unless interpreting).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def assert_matches(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
@@ -144,7 +146,7 @@ def _allocator_case(dtype):
 
     torch.manual_seed(0)
     num_kv_heads, head_dim, block_size = 2, 32, 4
-    alloc = PagedKVCacheAllocator(32, block_size, num_kv_heads, head_dim, dtype, num_layers=2)
+    alloc = PagedKVCacheAllocator(32, block_size, num_kv_heads, head_dim, dtype, DEVICE, num_layers=2)
     # A short-lived sequence first, freed, so the others get non-contiguous blocks.
     alloc.allocate_for_sequence(99, 9)
     lens = {0: 11, 1: 1, 2: 17}
@@ -153,13 +155,13 @@ def _allocator_case(dtype):
         alloc.allocate_for_sequence(seq_id, n)
         if seq_id == 0:
             alloc.free_sequence(99)
-        k = torch.randn(n, num_kv_heads, head_dim).to(dtype)
-        v = torch.randn(n, num_kv_heads, head_dim).to(dtype)
+        k = torch.randn(n, num_kv_heads, head_dim).to(dtype).to(DEVICE)
+        v = torch.randn(n, num_kv_heads, head_dim).to(dtype).to(DEVICE)
         alloc.write_kv(seq_id, list(range(n)), k, v, layer=1)
         originals[seq_id] = (k, v)
     seq_ids = list(lens)
     block_tables = alloc.block_table_tensor(seq_ids)
-    seq_lens = torch.tensor([alloc.get_num_tokens(s) for s in seq_ids], dtype=torch.int32)
+    seq_lens = torch.tensor([alloc.get_num_tokens(s) for s in seq_ids], dtype=torch.int32, device=DEVICE)
     return alloc, originals, seq_ids, block_tables, seq_lens
 
 
@@ -168,7 +170,7 @@ def _allocator_case(dtype):
 def test_allocator_end_to_end(dtype, backend):
     pytest.importorskip("paged_kv_lib.allocator")
     alloc, originals, seq_ids, block_tables, seq_lens = _allocator_case(dtype)
-    q = torch.randn(len(seq_ids), 8, 32).to(dtype)
+    q = torch.randn(len(seq_ids), 8, 32).to(dtype).to(DEVICE)
     out = paged_attention(q, alloc.k_caches[1], alloc.v_caches[1], block_tables, seq_lens, backend=backend)
     for row, seq_id in enumerate(seq_ids):
         k, v = originals[seq_id]
@@ -187,14 +189,14 @@ def test_allocator_end_to_end_extend(backend):
     pytest.importorskip("paged_kv_lib.allocator")
     alloc, originals, seq_ids, block_tables, seq_lens = _allocator_case(torch.float32)
     query_lens = [3, 1, 17]
-    q = torch.randn(sum(query_lens), 4, 32)
-    qsl = torch.tensor([0, 3, 4, 21], dtype=torch.int32)
+    q = torch.randn(sum(query_lens), 4, 32, device=DEVICE)
+    qsl = torch.tensor([0, 3, 4, 21], dtype=torch.int32, device=DEVICE)
     out = paged_attention_extend(q, alloc.k_caches[1], alloc.v_caches[1], block_tables, seq_lens, qsl, backend=backend)
     for row, seq_id in enumerate(seq_ids):
         k, v = originals[seq_id]
         n_all, first, last = k.shape[0], int(qsl[row]), int(qsl[row + 1])
-        q_pos = torch.arange(n_all - (last - first), n_all)
-        mask = torch.arange(n_all)[None, :] <= q_pos[:, None]
+        q_pos = torch.arange(n_all - (last - first), n_all, device=DEVICE)
+        mask = torch.arange(n_all, device=DEVICE)[None, :] <= q_pos[:, None]
         expected = torch.nn.functional.scaled_dot_product_attention(
             q[first:last].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
             attn_mask=mask, enable_gqa=True,
