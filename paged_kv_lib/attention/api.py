@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Optional
 
@@ -13,6 +14,7 @@ from .reference import paged_attention_extend_reference, paged_attention_referen
 TRITON_HINT = "the triton backend needs Triton: pip install 'paged-kv[triton]'"
 
 
+@functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
     """Whether Triton can be imported (without importing it)."""
     return importlib.util.find_spec("triton") is not None

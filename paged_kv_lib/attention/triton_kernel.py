@@ -16,6 +16,7 @@ Importing this module imports Triton. On a machine without a GPU, set
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -337,6 +338,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -449,7 +451,7 @@ def paged_attention_extend_triton(
     *,
     max_query_len: Optional[int] = None,
     block_n: Optional[int] = None,
-    num_warps: int = 4,
+    num_warps: Optional[int] = None,
     num_stages: int = 2,
 ) -> torch.Tensor:
     """Launch extend attention; inputs are assumed valid (``paged_attention_extend`` checks).
@@ -490,7 +492,8 @@ def paged_attention_extend_triton(
         BLOCK_N=block_n or _block_n(head_dim),
         DOT_IN_FP32=dot_in_fp32,
         INPUT_PRECISION=precision,
-        num_warps=num_warps,
+        # Up to 64 query rows of accumulators: wide heads need more threads to hold them.
+        num_warps=num_warps or (8 if head_dim > 128 else 4),
         num_stages=num_stages,
     )
     return out
