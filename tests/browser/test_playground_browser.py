@@ -1,0 +1,161 @@
+"""The playground in a real JupyterLab and a real Chromium: clicks reach the kernel and come back as SVG.
+
+Runs only with ``-m browser`` (``make test-browser``); needs Debian's chromium at
+/usr/bin/chromium and the ``playwright`` package (never ``playwright install``).
+Screenshots land in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, List
+
+import pytest
+
+from conftest import ARTIFACTS
+
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # the conftest skips the test with the reason
+    PlaywrightTimeout = TimeoutError
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
+
+BLOCK_SIZE = 4  # as in playground.ipynb
+KERNEL_TIMEOUT_MS = 90_000
+
+
+def _shot(page: Any, name: str) -> None:
+    """Save a picture of the playground's output (scrolled into view) for a human to look at."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator(".pkv-playground").screenshot(path=str(ARTIFACTS / f"playground-{name}.png"))
+
+
+def _set_int(page: Any, css: str, value: int) -> None:
+    """Type into an ipywidgets IntText and commit it (they sync on Enter or blur)."""
+    box = page.locator(f"{css} input")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _logical_blocks(page: Any, seq_id: int) -> List[int]:
+    cells = page.locator(f'.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="{seq_id}"]')
+    return [int(x) for x in cells.evaluate_all("els => els.map(e => e.getAttribute('data-block-id'))")]
+
+
+def _pool_owned(page: Any, seq_id: int) -> List[int]:
+    cells = page.locator(".pkv-playground svg.pkv-block-table g.pkv-block")
+    rows = cells.evaluate_all(
+        "els => els.map(e => [e.getAttribute('data-block-id'), e.getAttribute('data-seq')])")
+    return [int(bid) for bid, seqs in rows if str(seq_id) in seqs.split()]
+
+
+def _kernel_state(page: Any, cell_index: int = 2) -> Dict[str, Any]:
+    """Re-run the notebook's state cell through the UI and parse the JSON it prints."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(cell_index)
+    outputs = cell.locator(".jp-OutputArea-output")
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    # The re-run replaces the output; wait until a fresh prompt number shows it has finished.
+    previous = cell.get_attribute("data-pkv-run") or "0"
+    page.wait_for_function(
+        """([el, prev]) => {
+            const p = el.querySelector('.jp-InputPrompt');
+            const m = p && p.textContent.match(/\\[(\\d+)\\]/);
+            return m && m[1] !== prev && el.querySelector('.jp-OutputArea-output');
+        }""",
+        arg=[cell.element_handle(), previous],
+        timeout=KERNEL_TIMEOUT_MS,
+    )
+    prompt = cell.locator(".jp-InputPrompt").inner_text()
+    cell.evaluate("(el, n) => el.setAttribute('data-pkv-run', n)", re.search(r"\[(\d+)\]", prompt).group(1))
+    text = outputs.first.inner_text()
+    match = re.search(r"STATE (\{.*\})", text)
+    assert match, f"the state cell printed no STATE line: {text!r}"
+    return json.loads(match.group(1))
+
+
+def test_playground_buttons_drive_the_kernel_allocator(jupyter_server, page):
+    url = f"{jupyter_server['base']}/lab/tree/playground.ipynb?token={jupyter_server['token']}"
+    page.goto(url)
+    page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=KERNEL_TIMEOUT_MS)
+    # Older JupyterLabs ask which kernel to start even with autoStartDefaultKernel: accept the default.
+    dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+    try:
+        dialog.wait_for(timeout=3_000)
+        dialog.get_by_role("button", name="Select").click()
+    except PlaywrightTimeout:
+        pass
+    page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(
+        timeout=KERNEL_TIMEOUT_MS)
+
+    # Run every cell from the menu, as a learner would.
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    playground = page.locator(".pkv-playground")
+    playground.wait_for(timeout=KERNEL_TIMEOUT_MS)
+    page.locator(".pkv-playground svg.pkv-block-table").wait_for()
+    assert page.locator('.pkv-playground svg.pkv-block-table g.pkv-block[data-state="free"]').count() == 12
+    state = _kernel_state(page)
+    assert state["seq_ids"] == [] and len(state["free_blocks"]) == 12
+    page.screenshot(path=str(ARTIFACTS / "playground-0-lab.png"))
+    _shot(page, "1-started")
+
+    # Add a sequence of 9 prompt tokens: 3 blocks appear, owned by seq 0, in pool and table.
+    _set_int(page, ".pkv-prompt-tokens", 9)
+    page.locator(".pkv-add button, button.pkv-add").first.click()
+    page.locator('.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="0"]').nth(2).wait_for()
+    assert page.locator('.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="0"]').count() == 3
+    page.locator(".pkv-log-line", has_text="added seq 0: 9 tokens").wait_for()
+    shown = _logical_blocks(page, 0)
+    assert sorted(_pool_owned(page, 0)) == sorted(shown)
+
+    # Grow it by 4 tokens: 13 tokens need a fourth block.
+    _set_int(page, ".pkv-num-tokens", 4)
+    page.locator(".pkv-append button, button.pkv-append").first.click()
+    page.locator('.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="0"]').nth(3).wait_for()
+    page.locator(".pkv-log-line", has_text="seq 0: +4 tokens (13 in all)").wait_for()
+
+    # A prompt that cannot fit: the error is a log line, not a traceback, and nothing changes.
+    _set_int(page, ".pkv-prompt-tokens", 1000)
+    page.locator(".pkv-add button, button.pkv-add").first.click()
+    error = page.locator(".pkv-log-line.pkv-error", has_text="OutOfBlocksError")
+    error.wait_for()
+    assert "need 250, only 8 free" in error.inner_text()
+    assert page.locator(".jp-Notebook .jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+
+    # The kernel's allocator is the one the DOM shows.
+    state = _kernel_state(page)
+    shown = _logical_blocks(page, 0)
+    assert state["seq_ids"] == [0]
+    assert state["mappings"] == {"0": shown}
+    assert len(shown) == -(-13 // BLOCK_SIZE)
+    free_drawn = page.locator(".pkv-playground svg.pkv-free-queue g.pkv-free-entry").evaluate_all(
+        "els => els.map(e => Number(e.getAttribute('data-block-id')))")
+    assert free_drawn == state["free_blocks"]
+    _shot(page, "2-after-add-append")
+
+    # Fork: shared blocks when the allocator has fork(), a readable refusal when it doesn't.
+    page.locator(".pkv-fork button, button.pkv-fork").first.click()
+    if state["has_fork"]:
+        page.locator('.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="1"]').first.wait_for()
+        state = _kernel_state(page)
+        assert state["mappings"]["1"] == _logical_blocks(page, 1) == state["mappings"]["0"]
+        shared = page.locator('.pkv-playground svg.pkv-block-table g.pkv-block[data-ref-count="2"]').count()
+        assert shared == len(state["mappings"]["0"])
+        _shot(page, "3-after-fork")
+    else:
+        page.locator(".pkv-log-line.pkv-error", has_text="no fork()").wait_for()
+
+    # Free seq 0: its blocks are back in the free queue drawn in the page.
+    page.locator(".pkv-seq-select select").select_option(label="seq 0")
+    page.locator(".pkv-free button, button.pkv-free").first.click()
+    page.locator(".pkv-log-line", has_text="freed seq 0").wait_for()
+    state = _kernel_state(page)
+    assert "0" not in state["mappings"]
+    assert page.locator('.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="0"]').count() == 0
+    free_drawn = page.locator(".pkv-playground svg.pkv-free-queue g.pkv-free-entry").evaluate_all(
+        "els => els.map(e => Number(e.getAttribute('data-block-id')))")
+    assert free_drawn == state["free_blocks"]
+    _shot(page, "4-after-free")
