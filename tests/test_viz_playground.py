@@ -182,3 +182,59 @@ def test_broken_invariants_are_reported():
     pg.add_sequence(1)
     assert pg.log[-2].startswith("added seq 0")
     assert pg.log[-1] == "error: invariants broken after this action: ref counts disagree"
+
+
+def test_swap_buttons_move_a_sequence_out_and_back():
+    pg = Playground(num_blocks=8, block_size=4)
+    if not hasattr(pg.allocator, "swap_out"):
+        pytest.skip("PagedKVCacheAllocator.swap_out has not landed yet")
+    pg.add_sequence(6)
+    pg.add_sequence(3)
+    blocks = pg.allocator.get_block_mapping(0)
+    pg.seq_select.value = 0
+    pg.swap_out_button.click()
+    alloc = pg.allocator
+    assert alloc.seq_ids == (1,) and alloc.swapped_seq_ids == (0,)
+    assert set(blocks) <= set(alloc.free_blocks)
+    assert pg.log[-1] == f"swapped out seq 0: its {len(blocks)} blocks now live in the CPU pool"
+    assert ("seq 0 (swapped out)", 0) in pg.seq_select.options and pg.seq_select.value == 0
+    assert 'class="pkv-swapped" data-seq="0" data-tokens="6"' in pg.block_table.widget().value
+    pg.append_button.click()  # a swapped-out sequence cannot grow: refused, readable
+    assert pg.log[-1].startswith("error: ")
+    pg.swap_in_button.click()
+    assert alloc.seq_ids == (1, 0) and alloc.swapped_seq_ids == ()
+    assert pg.log[-1] == f"swapped in seq 0 -> blocks {alloc.get_block_mapping(0)}"
+    assert alloc.get_num_tokens(0) == 6
+    pg.swap_out_button.click()
+    pg.free_button.click()
+    assert 0 not in alloc and pg.log[-1].startswith("freed seq 0, which was swapped out")
+
+
+def test_swap_buttons_only_where_the_allocator_swaps():
+    class NoSwap(PagedKVCacheAllocator):
+        @property
+        def swap_out(self):
+            raise AttributeError("swap_out")
+
+    def shown(pg):
+        return [c for row in pg.widget.children[:2] for c in row.children]
+
+    with_swap = Playground(make())
+    assert hasattr(with_swap.allocator, "swap_out") == (with_swap.swap_out_button in shown(with_swap))
+    without = Playground(NoSwap(4, 2, 1, 1))
+    assert without.swap_out_button not in shown(without) and without.swap_in_button not in shown(without)
+
+
+def test_shared_prefix_is_found_in_the_cache():
+    pg = Playground(make(num_blocks=8, block_size=4))
+    pg.token_ids.value = "1 2 3 4 5 6 7 8 9"
+    pg.add_button.click()
+    if pg.log[-1].startswith("error: NotImplementedError"):
+        pytest.skip("prefix caching (token_ids) has not landed yet")
+    pg.free(0)
+    cached = [b.block_id for b in pg.allocator.blocks if b.ref_count == 0 and b.block_hash is not None]
+    assert len(cached) == 2
+    assert f'data-block-id="{cached[0]}" data-state="cached"' in pg.free_queue.widget().value
+    pg.add_button.click()
+    assert pg.log[-1].endswith("(8 prompt tokens found in the prefix cache)")
+    assert set(pg.allocator.get_block_mapping(1)[:2]) == set(cached)

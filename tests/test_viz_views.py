@@ -300,3 +300,31 @@ def test_short_hash_forms():
     assert snapshot.short_hash(None) is None
     assert snapshot.short_hash(b"\x01\x02\x03\x04\x05") == "01020304"
     assert snapshot.short_hash(0x1234ABCD9) == "234abcd9"
+
+
+def test_swapped_sequences_are_listed_without_device_blocks():
+    if not hasattr(PagedKVCacheAllocator, "swap_out"):
+        pytest.skip("swap_out has not landed yet")
+    alloc = PagedKVCacheAllocator(8, 4, 1, 2, num_cpu_blocks=8)
+    alloc.allocate_for_sequence(0, 5)
+    alloc.allocate_for_sequence(1, 7)
+    alloc.swap_out(0)
+    view = BlockTableView(alloc)
+    assert view.model()["swapped"] == [{"seq_id": 0, "num_tokens": 5}]
+    assert "seq 0: 5 tokens, swapped out to the CPU" in view.summary().splitlines()
+    swapped = groups(parse(view.svg()), "pkv-swapped")
+    assert [(g.get("data-seq"), g.get("data-tokens")) for g in swapped] == [("0", "5")]
+    assert all(b["owners"] in ((), (1,)) for b in view.model()["blocks"])
+
+
+def test_full_blocks_in_the_prefix_cache_carry_a_flag():
+    alloc = make(num_blocks=8, block_size=4)
+    try:
+        alloc.allocate_for_sequence(0, 9, token_ids=list(range(9)))
+    except TypeError:
+        pytest.skip("prefix caching (token_ids) has not landed yet")
+    hashed = {b.block_id for b in alloc.blocks if b.block_hash is not None}
+    assert hashed, "the two full prompt blocks should be in the prefix cache"
+    flagged = {int(g.get("data-block-id")) for g in groups(parse(BlockTableView(alloc).svg()), "pkv-block")
+               if any(p.get("class") == "pkv-hashed" for p in g.iter(SVG + "path"))}
+    assert flagged == hashed

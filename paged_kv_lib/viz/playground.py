@@ -45,7 +45,9 @@ class Playground:
     Pass your own allocator (or let the playground make a small one) and keep a handle on
     it: ``pg.allocator`` is the very object the buttons change, so you can inspect it, or
     change it from code and call ``pg.refresh()``. Every button has a method twin
-    (:meth:`add_sequence`, :meth:`append`, :meth:`fork`, :meth:`free`) that logs the same way.
+    (:meth:`add_sequence`, :meth:`append`, :meth:`fork`, :meth:`free`, :meth:`swap_out`,
+    :meth:`swap_in`) that logs the same way. The default allocator has a CPU swap pool as
+    big as its device pool (``num_cpu_blocks``), so swapping works out of the box.
 
     Example::
 
@@ -66,24 +68,30 @@ class Playground:
         block_size: int = 4,
         num_heads: int = 1,
         head_dim: int = 4,
+        num_cpu_blocks: Optional[int] = None,
         columns: int = 16,
         max_log_lines: int = 8,
     ) -> None:
         if allocator is None:
-            allocator = PagedKVCacheAllocator(num_blocks, block_size, num_heads, head_dim)
+            cpu = num_blocks if num_cpu_blocks is None else num_cpu_blocks
+            allocator = PagedKVCacheAllocator(num_blocks, block_size, num_heads, head_dim, num_cpu_blocks=cpu)
         self.allocator = allocator
         self.max_log_lines = max_log_lines
         self._entries: List[Tuple[str, str]] = []
         self._selected: Optional[int] = None  # the sequence the dropdown should show next
-        self._next_seq_id = max(allocator.seq_ids, default=-1) + 1
+        self._next_seq_id = max(self._all_seq_ids(), default=-1) + 1
 
         self.block_table = BlockTableView(allocator, columns=columns)
         self.free_queue = FreeQueueView(allocator, columns=columns)
         self.translation = AddressTranslationView(allocator, columns=columns)
+        self._build_controls()
+        self.widget = self._build_layout()
+        self.refresh()
 
+    def _build_controls(self) -> None:
         narrow = {"description_width": "initial"}
         self.prompt_tokens = widgets.BoundedIntText(
-            value=2 * allocator.block_size + 1, min=0, max=1_000_000, description="prompt tokens",
+            value=2 * self.allocator.block_size + 1, min=0, max=1_000_000, description="prompt tokens",
             style=narrow, layout=widgets.Layout(width="170px"))
         self.token_ids = widgets.Text(
             value="", placeholder="optional: token ids, e.g. 1 2 3 4 5", description="token ids",
@@ -91,33 +99,39 @@ class Playground:
             tooltip="With prefix caching, prompts that share token ids share full blocks")
         self.add_button = widgets.Button(description="add sequence", button_style="primary",
                                          tooltip="allocate a new sequence for the prompt", icon="plus")
-        self.seq_select = widgets.Dropdown(description="sequence", layout=widgets.Layout(width="170px"))
+        self.seq_select = widgets.Dropdown(description="sequence", layout=widgets.Layout(width="210px"))
         self.num_tokens = widgets.BoundedIntText(value=1, min=0, max=1_000_000, description="tokens",
                                                  style=narrow, layout=widgets.Layout(width="120px"))
         self.append_button = widgets.Button(description="append tokens", tooltip="grow the sequence (decode)")
         self.fork_button = widgets.Button(description="fork", tooltip="a child sequence sharing every block")
         self.free_button = widgets.Button(description="free", button_style="danger",
                                           tooltip="release the sequence's blocks")
-        for button, cls in ((self.add_button, "pkv-add"), (self.append_button, "pkv-append"),
-                            (self.fork_button, "pkv-fork"), (self.free_button, "pkv-free")):
-            button.add_class(cls)
-        self.prompt_tokens.add_class("pkv-prompt-tokens")
-        self.token_ids.add_class("pkv-token-ids")
-        self.num_tokens.add_class("pkv-num-tokens")
-        self.seq_select.add_class("pkv-seq-select")
+        self.swap_out_button = widgets.Button(description="swap out", tooltip="move the sequence to the CPU pool")
+        self.swap_in_button = widgets.Button(description="swap in", tooltip="bring it back to device blocks")
         self.log_html = widgets.HTML(value="")
-        self.log_html.add_class("pkv-log")
-
+        for control, cls in (
+            (self.add_button, "pkv-add"), (self.append_button, "pkv-append"), (self.fork_button, "pkv-fork"),
+            (self.free_button, "pkv-free"), (self.swap_out_button, "pkv-swap-out"),
+            (self.swap_in_button, "pkv-swap-in"), (self.prompt_tokens, "pkv-prompt-tokens"),
+            (self.token_ids, "pkv-token-ids"), (self.num_tokens, "pkv-num-tokens"),
+            (self.seq_select, "pkv-seq-select"), (self.log_html, "pkv-log"),
+        ):
+            control.add_class(cls)
         self.add_button.on_click(lambda _: self._add_from_controls())
         self.append_button.on_click(lambda _: self.append(self.seq_select.value, self.num_tokens.value))
         self.fork_button.on_click(lambda _: self.fork(self.seq_select.value))
         self.free_button.on_click(lambda _: self.free(self.seq_select.value))
+        self.swap_out_button.on_click(lambda _: self.swap_out(self.seq_select.value))
+        self.swap_in_button.on_click(lambda _: self.swap_in(self.seq_select.value))
 
-        self.widget = widgets.VBox(
+    def _build_layout(self) -> widgets.VBox:
+        row = [self.seq_select, self.num_tokens, self.append_button, self.fork_button, self.free_button]
+        if hasattr(self.allocator, "swap_out"):
+            row += [self.swap_out_button, self.swap_in_button]
+        box = widgets.VBox(
             [
                 widgets.HBox([self.prompt_tokens, self.token_ids, self.add_button]),
-                widgets.HBox([self.seq_select, self.num_tokens, self.append_button,
-                              self.fork_button, self.free_button]),
+                widgets.HBox(row),
                 self.log_html,
                 self.block_table.widget(),
                 self.free_queue.widget(),
@@ -126,8 +140,8 @@ class Playground:
             ],
             layout=widgets.Layout(overflow="auto"),
         )
-        self.widget.add_class("pkv-playground")
-        self.refresh()
+        box.add_class("pkv-playground")
+        return box
 
     # ------------------------------------------------------------------ actions
     def add_sequence(self, num_tokens: Optional[int] = None, *, token_ids: Optional[Sequence[int]] = None,
@@ -195,6 +209,9 @@ class Playground:
         """Free a sequence; its blocks go back to the free queue (shared ones stay with the others)."""
         def act() -> str:
             self._need_seq(seq_id)
+            if seq_id in getattr(self.allocator, "swapped_seq_ids", ()):
+                self.allocator.free_sequence(seq_id)
+                return f"freed seq {seq_id}, which was swapped out: its CPU blocks are free again"
             blocks = self.allocator.get_block_mapping(seq_id)
             self.allocator.free_sequence(seq_id)
             free_now = set(self.allocator.free_blocks)
@@ -204,6 +221,25 @@ class Playground:
             if kept:
                 text += f", blocks {kept} still used by other sequences"
             return text
+
+        return self._run(act)
+
+    def swap_out(self, seq_id: Optional[int]) -> bool:
+        """Move a sequence's K/V to the CPU pool, freeing its device blocks (preemption by swapping)."""
+        def act() -> str:
+            self._need_seq(seq_id)
+            blocks = self.allocator.get_block_mapping(seq_id)
+            self.allocator.swap_out(seq_id)
+            return f"swapped out seq {seq_id}: its {len(blocks)} blocks now live in the CPU pool"
+
+        return self._run(act)
+
+    def swap_in(self, seq_id: Optional[int]) -> bool:
+        """Bring a swapped-out sequence back onto (possibly different) device blocks."""
+        def act() -> str:
+            self._need_seq(seq_id)
+            blocks = self.allocator.swap_in(seq_id)
+            return f"swapped in seq {seq_id} -> blocks {list(blocks)}"
 
         return self._run(act)
 
@@ -238,7 +274,8 @@ class Playground:
 
     def refresh(self) -> None:
         """Redraw everything from the allocator (call it after changing the allocator from code)."""
-        options = [(f"seq {s}", s) for s in self.allocator.seq_ids]
+        swapped = set(getattr(self.allocator, "swapped_seq_ids", ()))
+        options = [(f"seq {s} (swapped out)" if s in swapped else f"seq {s}", s) for s in self._all_seq_ids()]
         wanted = self._selected if self._selected is not None else self.seq_select.value
         self.seq_select.options = options
         ids = [s for _, s in options]
@@ -260,6 +297,10 @@ class Playground:
             self.refresh()
             return
         self.add_sequence(None if ids is not None else self.prompt_tokens.value, token_ids=ids)
+
+    def _all_seq_ids(self) -> List[int]:
+        """Resident sequences, then swapped-out ones (both can be picked in the dropdown)."""
+        return list(self.allocator.seq_ids) + list(getattr(self.allocator, "swapped_seq_ids", ()))
 
     def _token_kwargs(self, method: Callable[..., Any], token_ids: Optional[Sequence[int]]) -> Dict[str, Any]:
         if token_ids is None:
@@ -307,4 +348,4 @@ class Playground:
                 f'style="font-family:monospace;font-size:12px;color:{color}">'
                 f"{n:>3} {mark} {html.escape(text)}</div>"
             )
-        return f'<div class="pkv-log-lines">{"".join(lines)}</div>'
+        return f'<div class="pkv-log-lines" style="line-height:1.35;margin:4px 0">{"".join(lines)}</div>'

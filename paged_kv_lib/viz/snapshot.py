@@ -68,6 +68,14 @@ def sequence_rows(allocator: Any) -> List[Dict[str, Any]]:
     return rows
 
 
+def swapped_rows(allocator: Any) -> List[Dict[str, Any]]:
+    """Sequences swapped out to the CPU pool (they hold no device blocks): id and token count."""
+    return [
+        {"seq_id": seq_id, "num_tokens": allocator.get_num_tokens(seq_id)}
+        for seq_id in getattr(allocator, "swapped_seq_ids", ())
+    ]
+
+
 def pool_blocks(allocator: Any) -> List[BlockInfo]:
     """One dict per physical block, by block id: who holds it, its state and how full it is.
 

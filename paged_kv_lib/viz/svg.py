@@ -75,7 +75,7 @@ def _svg(width: float, height: float, parts: Iterable[str], label: str, kind: st
 
 
 def _approx_text_width(text: str, size: int = 11) -> float:
-    return len(text) * size * 0.6
+    return len(text) * size * 0.56
 
 
 # -------------------------------------------------------------- block cells
@@ -144,6 +144,9 @@ def pool_block(block: Dict[str, Any], x: float, y: float, *, highlight_offset: O
         parts += _fill_rows(x, body_y, [seq_color(s) for s in block["owners"]] or ["#888888"],
                             block["fill"], size)
         parts += _pill(x + CELL_W / 2, body_y + BODY_H / 2, _owner_label(block["owners"], block["ref_count"]))
+        if block.get("hash"):
+            # A corner flag: this full block's content is in the prefix cache.
+            parts.append(_el("path", class_="pkv-hashed", d=f"M{x + CELL_W - 9} {body_y}h9v9z", fill=CACHED_STROKE))
         stroke, dash, width = "#333333", None, 2 if block["ref_count"] > 1 else 1
     else:
         fill, stroke = (CACHED_FILL, CACHED_STROKE) if state == "cached" else (FREE_FILL, FREE_STROKE)
@@ -213,7 +216,8 @@ def _link(start: Point, end: Point, color: str, *, width: float = 1.5, opacity: 
                stroke_opacity=opacity)
 
 
-def legend_items(seq_ids: Iterable[int], *, shared: bool = False, cached: bool = True) -> List[Tuple[str, str, str]]:
+def legend_items(seq_ids: Iterable[int], *, shared: bool = False, cached: bool = True,
+                 hashed: bool = False) -> List[Tuple[str, str, str]]:
     """(kind, colour, label) entries for :func:`legend`: the sequences shown, then block states."""
     items = [("seq", seq_color(s), f"seq {s}") for s in seq_ids]
     items.append(("free", FREE_FILL, "free"))
@@ -221,6 +225,8 @@ def legend_items(seq_ids: Iterable[int], *, shared: bool = False, cached: bool =
         items.append(("cached", CACHED_FILL, "cached (free, reusable prefix)"))
     if shared:
         items.append(("shared", "#ffffff", "bands / thick border: shared block"))
+    if hashed:
+        items.append(("hashed", CACHED_STROKE, "corner flag: full block in the prefix cache"))
     items.append(("fill", "#888888", "solid part = filled slots"))
     return items
 
@@ -239,6 +245,9 @@ def legend(items: Sequence[Tuple[str, str, str]], x0: float, y0: float, width: f
             swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=CACHED_STROKE)
         elif kind == "shared":
             swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke="#333333", stroke_width=2)
+        elif kind == "hashed":
+            swatch = (_el("rect", x=x, y=y, width=14, height=12, fill="#ffffff", stroke="#333333")
+                      + _el("path", d=f"M{x + 6} {y}h8v8z", fill=color))
         elif kind == "fill":
             swatch = (_el("rect", x=x, y=y, width=14, height=12, fill=tint(color))
                       + _el("rect", x=x, y=y, width=8, height=12, fill=color))
@@ -290,10 +299,22 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
                 links_parts.append(_link((lx + CELL_W / 2, y), (px + CELL_W / 2, py + CELL_H), color))
         widest = max(widest, len(row["blocks"]))
         y += CELL_H + GAP
+    for row in model.get("swapped", ()):
+        color = seq_color(row["seq_id"])
+        text = f"swapped out to the CPU pool: {row['num_tokens']} tokens, no device blocks"
+        parts.append(_el(
+            "g",
+            _text(MARGIN, y + 15, f"seq {row['seq_id']}", size=11, weight="bold", fill=color)
+            + _el("rect", x=pool_x, y=y + 2, width=_approx_text_width(text) + 16, height=20, rx=3,
+                  fill="#ffffff", stroke=color, stroke_dasharray="4 2")
+            + _text(pool_x + 8, y + 16, text, size=11, fill=MUTED_TEXT),
+            class_="pkv-swapped", data_seq=row["seq_id"], data_tokens=row["num_tokens"]))
+        y += 24 + GAP
     width = pool_x + widest * (CELL_W + GAP) - GAP + MARGIN
-    seqs = [r["seq_id"] for r in rows]
-    legend_parts, legend_h = legend(legend_items(seqs, shared=any(b["ref_count"] > 1 for b in blocks)),
-                                    MARGIN, y + 8, width - 2 * MARGIN)
+    seqs = [r["seq_id"] for r in rows] + [r["seq_id"] for r in model.get("swapped", ())]
+    items = legend_items(seqs, shared=any(b["ref_count"] > 1 for b in blocks),
+                         hashed=any(b["state"] == "used" and b.get("hash") for b in blocks))
+    legend_parts, legend_h = legend(items, MARGIN, y + 8, width - 2 * MARGIN)
     height = y + 8 + legend_h + MARGIN
     label = f"paged KV pool with {len(blocks)} blocks and {len(rows)} sequences"
     # Links first, so the blocks are drawn over them.

@@ -19,6 +19,10 @@ import ipywidgets as widgets
 from . import snapshot, svg
 
 
+# ipywidgets' HTML widget sets a tall line height for one-line labels; text blocks need a normal one.
+_WRAP_STYLE = ' style="line-height:1.35"'
+
+
 class _View:
     """What every view shares: static HTML by default, a live widget on demand."""
 
@@ -43,7 +47,7 @@ class _View:
 
     def to_html(self) -> str:
         """The static picture wrapped in a ``div`` (what ``_repr_html_`` returns)."""
-        return f'<div class="pkv-view pkv-{self._kind}-view">{self.svg()}</div>'
+        return f'<div class="pkv-view pkv-{self._kind}-view"{_WRAP_STYLE}>{self.svg()}</div>'
 
     def _repr_html_(self) -> str:
         return self.to_html()
@@ -95,11 +99,12 @@ class BlockTableView(_View):
         self.links = links
 
     def model(self) -> Dict[str, Any]:
-        """``{"block_size", "blocks": [one dict per physical block], "sequences": [one per sequence]}``."""
+        """``{"block_size", "blocks": [per physical block], "sequences": [per sequence], "swapped": [...]}``."""
         return {
             "block_size": self.allocator.block_size,
             "blocks": snapshot.pool_blocks(self.allocator),
             "sequences": snapshot.sequence_rows(self.allocator),
+            "swapped": snapshot.swapped_rows(self.allocator),
         }
 
     def svg(self) -> str:
@@ -116,6 +121,8 @@ class BlockTableView(_View):
         for row in m["sequences"]:
             ids = [e["block_id"] for e in row["blocks"]]
             lines.append(f"seq {row['seq_id']}: {row['num_tokens']} tokens -> blocks {ids}")
+        for row in m["swapped"]:
+            lines.append(f"seq {row['seq_id']}: {row['num_tokens']} tokens, swapped out to the CPU")
         for b in blocks:
             if b["ref_count"] > 1:
                 owners = ", ".join(str(s) for s in b["owners"])
@@ -225,7 +232,7 @@ class AddressTranslationView(_View):
 
     def to_html(self) -> str:
         m = self.model()
-        return (f'<div class="pkv-view pkv-translation-view">{svg.translation_table(m["translation"])}'
+        return (f'<div class="pkv-view pkv-translation-view"{_WRAP_STYLE}>{svg.translation_table(m["translation"])}'
                 f'{svg.render_translation(m, columns=self.columns)}</div>')
 
     def summary(self) -> str:
