@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-
-from conftest import ARTIFACTS
 
 try:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -22,6 +21,7 @@ except ImportError:  # the conftest skips the test with the reason
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 BLOCK_SIZE = 4  # as in playground.ipynb
 KERNEL_TIMEOUT_MS = 90_000
 
