@@ -9,20 +9,24 @@ from .allocator import AllocatorStats, PagedKVCacheAllocator
 from .block import Block
 from .block_table import BlockTable
 from .errors import (
+    BlocksInUseError,
     DuplicateSequenceError,
     InvariantError,
     OutOfBlocksError,
     PagedKVError,
     PositionError,
+    SequenceStateError,
     UnknownSequenceError,
 )
 from .free_queue import FreeBlockQueue
+from .prefix_cache import block_key, chain_keys
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AllocatorStats",
     "Block",
+    "BlocksInUseError",
     "BlockTable",
     "DuplicateSequenceError",
     "FreeBlockQueue",
@@ -31,6 +35,9 @@ __all__ = [
     "PagedKVCacheAllocator",
     "PagedKVError",
     "PositionError",
+    "SequenceStateError",
+    "block_key",
+    "chain_keys",
     "UnknownSequenceError",
     "__version__",
 ]

@@ -634,7 +634,7 @@ class PagedKVCacheAllocator:
 
     def _token_list(self, token_ids: TokenIds, expected: int) -> Optional[List[int]]:
         """Validated token ids as a list, or ``None`` when absent or prefix caching is off."""
-        if token_ids is None or not self.enable_prefix_caching:
+        if token_ids is None:
             return None
         if isinstance(token_ids, torch.Tensor):
             token_ids = token_ids.tolist()
@@ -644,7 +644,7 @@ class PagedKVCacheAllocator:
             raise TypeError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}") from None
         if len(tokens) != expected:
             raise ValueError(f"got {len(tokens)} token_ids for {expected} tokens")
-        return tokens
+        return tokens if self.enable_prefix_caching else None
 
     def _lookup(self, keys: List[bytes]) -> List[int]:
         """Block ids of the longest run of leading keys found in the prefix cache."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict
 
 import torch
@@ -35,3 +36,20 @@ def assert_same_state(before: Dict[str, Any], after: Dict[str, Any]) -> None:
                 assert torch.equal(a, b), f"{key} cache changed"
         else:
             assert before[key] == after[key], f"{key} changed: {before[key]} -> {after[key]}"
+
+
+def kv_for(tokens, num_heads: int, head_dim: int, layer: int = 0):
+    """K/V that depend on each token's whole prefix, as a real model's do (so cache hits are checkable)."""
+    k, v = _kv_for(tuple(tokens), num_heads, head_dim, layer)
+    return k.clone(), v.clone()
+
+
+@functools.lru_cache(maxsize=4096)
+def _kv_for(tokens, num_heads, head_dim, layer):
+    out = torch.empty(len(tokens), num_heads, head_dim)
+    ramp = torch.arange(num_heads * head_dim, dtype=torch.float32).reshape(num_heads, head_dim) / 64
+    acc = 0
+    for i, t in enumerate(tokens):
+        acc = (acc * 31 + t + 1) % 1009
+        out[i] = acc + layer * 0.5 + ramp
+    return out, -out
