@@ -1,0 +1,553 @@
+"""A continuous-batching inference engine driving the paged KV cache.
+
+Each :meth:`Engine.step` is one iteration of the serving loop:
+
+1. **Decode**: every running sequence gets one slot for its newest token (the allocator
+   adds a block or copies a shared one when needed). If the pool is short, the newest
+   running request is preempted, by recompute (free its blocks, requeue it at the front)
+   or by swap (move its K/V to the CPU pool). Then one forward pass over the whole batch,
+   one ``paged_attention`` call per layer, and one token sampled per sequence.
+2. **Admit**: waiting requests join first come, first served while the pool keeps a
+   watermark of free blocks. A new prompt's cached prefix is reused and only its tail is
+   computed (one ``paged_attention_extend`` call per layer for all admitted prompts);
+   ``n > 1`` samples then share the prompt through ``fork``.
+
+Requests can be added between steps: they join the running batch at the next one
+(iteration-level scheduling). Sampling draws once per generated position from a
+per-sample generator, so seeded results do not depend on the batch or on preemption.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ._validate import as_count
+from .allocator import PagedKVCacheAllocator
+from .errors import OutOfBlocksError, PagedKVError
+from .model import (
+    TinyTransformer,
+    check_temperature,
+    decode,
+    encode,
+    sample_generator,
+    sample_token,
+)
+
+PREEMPTION_MODES = ("recompute", "swap")
+Prompt = Union[str, Sequence[int]]
+
+
+class RequestTooLargeError(PagedKVError, ValueError):
+    """A request could not finish even with the whole pool to itself; ``needed``/``total`` in blocks."""
+
+    def __init__(self, message: str, needed: int, total: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.total = total
+
+
+class Status(Enum):
+    WAITING = "waiting"  # never run, or preempted by recompute
+    RUNNING = "running"
+    SWAPPED = "swapped"  # preempted by swap: its K/V waits in the CPU pool
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sample:
+    """One generated continuation of a request: a sequence in the allocator."""
+
+    index: int
+    seq_id: int
+    generator: torch.Generator
+    output: List[int] = field(default_factory=list)
+    finished: bool = False
+    # After a fork its last (partial) block may be shared, so its next token may need a
+    # copy-on-write block even when it does not cross a block boundary.
+    may_share_tail: bool = False
+
+
+@dataclass(eq=False)
+class Request:
+    """A prompt and how to continue it, plus its samples' progress."""
+
+    request_id: int
+    prompt: List[int]
+    max_new_tokens: int
+    n: int
+    temperature: float
+    seed: int
+    samples: List[Sample]
+    status: Status = Status.WAITING
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    num_preemptions: int = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether the prompt was prefilled once (then every sample exists in its own right)."""
+        return bool(self.samples[0].output)
+
+    def live_samples(self) -> List[Sample]:
+        return [s for s in self.samples if not s.finished]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What a finished request produced: one list of new token ids per sample."""
+
+    request_id: int
+    prompt_ids: Tuple[int, ...]
+    outputs: Tuple[Tuple[int, ...], ...]
+    num_cached_tokens: int
+    num_preemptions: int
+
+    @property
+    def token_ids(self) -> Tuple[int, ...]:
+        """The first sample's new tokens."""
+        return self.outputs[0]
+
+    @property
+    def texts(self) -> List[str]:
+        return [decode(o) for o in self.outputs]
+
+    @property
+    def text(self) -> str:
+        """The first sample as text."""
+        return decode(self.outputs[0])
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one step did and the state it left: queues, blocks, tokens and speed."""
+
+    step: int
+    running: int
+    waiting: int
+    swapped: int
+    prefill_tokens: int  # prompt tokens computed (the cached prefix is not)
+    cached_tokens: int  # prompt tokens found in the prefix cache
+    decode_tokens: int
+    generated_tokens: int
+    preempted: int
+    blocks_used: int
+    blocks_cached: int  # free blocks that still hold a cached prefix
+    elapsed_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second in this step."""
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass
+class EngineTotals:
+    """Counters over the engine's life, for benchmarks and the CLI."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    cached_tokens: int = 0
+    decode_tokens: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    peak_blocks_used: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class Engine:
+    """Serve many requests at once on one model and one paged KV cache.
+
+    Args:
+        model: the transformer; its K/V shape must match the allocator's cache.
+        allocator: the block pool (built with ``num_cpu_blocks`` for swap preemption).
+        max_batch_size: most sequences (samples) running at once.
+        watermark: fraction of the pool a new admission must leave free, so running
+            sequences can grow a while before anyone is preempted.
+        preemption_mode: ``"recompute"`` or ``"swap"`` (falls back to recompute when the
+            CPU pool is full).
+    """
+
+    def __init__(
+        self,
+        model: TinyTransformer,
+        allocator: PagedKVCacheAllocator,
+        *,
+        max_batch_size: int = 64,
+        watermark: float = 0.01,
+        preemption_mode: str = "recompute",
+    ) -> None:
+        model.check_allocator(allocator)
+        self.model = model
+        self.allocator = allocator
+        self.max_batch_size = as_count(max_batch_size, "max_batch_size", minimum=1)
+        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)):
+            raise TypeError(f"watermark must be a float, got {type(watermark).__name__} {watermark!r}")
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        self.watermark = float(watermark)
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        self.preemption_mode = preemption_mode
+        self.waiting: Deque[Request] = deque()  # preempted requests go back to the front
+        self.running: List[Request] = []  # oldest first; the last one is preempted first
+        self.totals = EngineTotals()
+        self._finished: Dict[int, RequestOutput] = {}
+        self._next_request_id = 0
+        self._next_seq_id = 0
+        self._seed_source = torch.Generator().manual_seed(0)
+        self._pending_prefill: Dict[int, list] = {}
+        self._peak_this_step = 0
+
+    # ------------------------------------------------------------ requests
+    def add_request(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int,
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        seed: Optional[int] = None,
+    ) -> int:
+        """Queue a prompt (text, encoded as BOS + UTF-8 bytes, or token ids); returns its request id.
+
+        ``n`` samples are drawn at ``temperature`` (0: greedy). With ``seed`` the samples
+        are reproducible whatever else is running. Raises :class:`RequestTooLargeError`
+        if the request could not finish even alone in the pool.
+        """
+        prompt_ids = encode(prompt) if isinstance(prompt, str) else self._token_list(prompt)
+        max_new_tokens = as_count(max_new_tokens, "max_new_tokens", minimum=1)
+        n = as_count(n, "n", minimum=1)
+        temperature = check_temperature(temperature)
+        if seed is None:
+            seed = int(torch.randint(0, 2**31, (), generator=self._seed_source))
+        seed = as_count(seed, "seed")
+        self._check_fits(len(prompt_ids), max_new_tokens, n)
+
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        samples = []
+        for index in range(n):
+            samples.append(Sample(index, self._next_seq_id, sample_generator(seed, index)))
+            self._next_seq_id += 1
+        self.waiting.append(Request(request_id, prompt_ids, max_new_tokens, n, temperature, seed, samples))
+        return request_id
+
+    def _token_list(self, prompt: Sequence[int]) -> List[int]:
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.reshape(-1).tolist()
+        ids = [as_count(t, "token id") for t in prompt]
+        if not ids:
+            raise ValueError("the prompt must hold at least one token")
+        vocab = self.model.config.vocab_size
+        for t in ids:
+            if t >= vocab:
+                raise ValueError(f"token id {t} is outside the vocabulary [0, {vocab})")
+        return ids
+
+    def _watermark_blocks(self) -> int:
+        """Blocks an admission must leave free (the allocator's rule: free - taken >= watermark * total)."""
+        return math.ceil(self.watermark * self.allocator.num_blocks)
+
+    def _check_fits(self, prompt_len: int, max_new_tokens: int, n: int) -> None:
+        # The last sampled token is never fed back, so a sample holds at most
+        # prompt + max_new_tokens - 1 tokens. A forked sample may hold one more block for
+        # a step (the copy of a shared tail), and re-admission must clear the watermark.
+        alloc = self.allocator
+        per_sample = alloc.blocks_needed(prompt_len + max_new_tokens - 1)
+        needed = n * per_sample + (n if n > 1 else 0) + self._watermark_blocks()
+        if needed > alloc.num_blocks:
+            raise RequestTooLargeError(
+                f"request can never fit: {n} sample(s) of up to {prompt_len} + {max_new_tokens} - 1 "
+                f"tokens need {needed} blocks of {alloc.block_size} (watermark included), but the "
+                f"pool has only {alloc.num_blocks}",
+                needed,
+                alloc.num_blocks,
+            )
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting, running or swapped out."""
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(len(r.live_samples()) for r in self.running)
+
+    # ------------------------------------------------------------ the loop
+    @torch.no_grad()
+    def step(self) -> StepStats:
+        """One iteration: decode the running batch (preempting if short of blocks), then admit."""
+        start = time.perf_counter()
+        preempted = self._schedule_decode()
+        decode_tokens = self._decode()
+        prefill_tokens = cached_tokens = 0
+        generated = decode_tokens
+        if not preempted:
+            admitted = self._admit()
+            prefill_tokens, cached_tokens, first_tokens = self._prefill(admitted)
+            generated += first_tokens
+        if not self.running and self.waiting and not preempted and generated == 0:
+            head = self.waiting[0]
+            raise RuntimeError(  # guarded against by _check_fits; a bug if it happens
+                f"engine stalled: request {head.request_id} cannot be admitted into an idle pool "
+                f"({self.allocator.num_free_blocks}/{self.allocator.num_blocks} blocks free)"
+            )
+        elapsed = time.perf_counter() - start
+
+        alloc = self.allocator
+        totals = self.totals
+        totals.steps += 1
+        totals.prefill_tokens += prefill_tokens
+        totals.cached_tokens += cached_tokens
+        totals.decode_tokens += decode_tokens
+        totals.generated_tokens += generated
+        totals.preemptions += preempted
+        totals.elapsed_s += elapsed
+        totals.peak_blocks_used = max(totals.peak_blocks_used, self._peak_this_step)
+        return StepStats(
+            step=totals.steps,
+            running=len(self.running),
+            waiting=sum(1 for r in self.waiting if r.status is Status.WAITING),
+            swapped=sum(1 for r in self.waiting if r.status is Status.SWAPPED),
+            prefill_tokens=prefill_tokens,
+            cached_tokens=cached_tokens,
+            decode_tokens=decode_tokens,
+            generated_tokens=generated,
+            preempted=preempted,
+            blocks_used=alloc.num_used_blocks,
+            blocks_cached=alloc.num_cached_free_blocks,
+            elapsed_s=elapsed,
+        )
+
+    def run(self, progress: bool = True) -> List[RequestOutput]:
+        """Step until every request has finished; returns the outputs not yet returned, by request id."""
+        from tqdm.auto import tqdm
+
+        remaining = sum(
+            len(r.live_samples()) * r.max_new_tokens - sum(len(s.output) for s in r.live_samples())
+            for r in list(self.waiting) + self.running
+        )
+        with tqdm(total=remaining, unit="tok", desc="generate", disable=not progress) as bar:
+            while self.has_unfinished():
+                stats = self.step()
+                bar.update(stats.generated_tokens)
+                bar.set_postfix(
+                    running=stats.running, waiting=stats.waiting + stats.swapped,
+                    blocks=f"{stats.blocks_used}/{self.allocator.num_blocks}", refresh=False,
+                )
+        outputs = [self._finished[k] for k in sorted(self._finished)]
+        self._finished.clear()
+        return outputs
+
+    def generate(self, prompts: Iterable[Prompt], max_new_tokens: int, **options) -> List[RequestOutput]:
+        """Add every prompt with the same options, run to completion, return their outputs in order."""
+        progress = options.pop("progress", False)
+        ids = [self.add_request(p, max_new_tokens, **options) for p in prompts]
+        by_id = {o.request_id: o for o in self.run(progress=progress)}
+        return [by_id[i] for i in ids]
+
+    # ------------------------------------------------------------ decode
+    def _decode_blocks(self, request: Request) -> int:
+        """Most blocks the request's next decode step can take: a new block at a boundary,
+        or a copy of a shared tail block."""
+        alloc = self.allocator
+        need = 0
+        for sample in request.live_samples():
+            at_boundary = alloc.get_num_tokens(sample.seq_id) % alloc.block_size == 0
+            need += 1 if at_boundary or sample.may_share_tail else 0
+        return need
+
+    def _schedule_decode(self) -> int:
+        """Make room for one more token in every running sequence; returns requests preempted."""
+        self._peak_this_step = self.allocator.num_used_blocks
+        preempted = 0
+        reserved = 0
+        index = 0
+        while index < len(self.running):
+            request = self.running[index]
+            need = self._decode_blocks(request)
+            while need > self.allocator.num_free_blocks - reserved:
+                victim = self.running.pop()  # the newest request; possibly this one
+                self._preempt(victim)
+                preempted += 1
+                if victim is request:
+                    break
+            else:
+                reserved += need
+                index += 1
+        return preempted
+
+    def _decode(self) -> int:
+        alloc = self.allocator
+        batch = [(r, s) for r in self.running for s in r.live_samples()]
+        if not batch:
+            return 0
+        for _, sample in batch:
+            alloc.append_tokens(sample.seq_id, 1, token_ids=sample.output[-1:])
+            sample.may_share_tail = False
+        self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
+        logits = self.model.forward_paged(
+            alloc, [s.seq_id for _, s in batch], [s.output[-1:] for _, s in batch]
+        )
+        for row, (request, sample) in enumerate(batch):
+            self._take_token(request, sample, logits[row])
+        self._retire_finished()
+        return len(batch)
+
+    def _take_token(self, request: Request, sample: Sample, logits: torch.Tensor) -> None:
+        sample.output.append(sample_token(logits, request.temperature, sample.generator))
+        if len(sample.output) >= request.max_new_tokens:
+            sample.finished = True
+            self.allocator.free_sequence(sample.seq_id)
+
+    def _retire_finished(self) -> None:
+        still = []
+        for request in self.running:
+            if request.live_samples():
+                still.append(request)
+                continue
+            request.status = Status.FINISHED
+            self._finished[request.request_id] = RequestOutput(
+                request.request_id,
+                tuple(request.prompt),
+                tuple(tuple(s.output) for s in request.samples),
+                request.num_cached_tokens,
+                request.num_preemptions,
+            )
+        self.running = still
+
+    # ------------------------------------------------------------ preemption
+    def _preempt(self, request: Request) -> None:
+        """Take a running request off the device; it goes back to the front of the queue."""
+        request.num_preemptions += 1
+        if self.preemption_mode == "swap" and self._try_swap_out(request):
+            request.status = Status.SWAPPED
+        else:
+            # Recompute: keep the generated tokens, drop the K/V; re-admission prefills
+            # prompt + output again (the sampled tokens are not drawn again).
+            for sample in request.live_samples():
+                self.allocator.free_sequence(sample.seq_id)
+                sample.may_share_tail = False
+            request.status = Status.WAITING
+        self.waiting.appendleft(request)
+
+    def _try_swap_out(self, request: Request) -> bool:
+        """Swap every live sample of the request to the CPU pool, if it has room for all of them."""
+        alloc = self.allocator
+        live = request.live_samples()
+        # Each swapped sequence gets private CPU copies, even of blocks it shared.
+        needed = sum(alloc.blocks_needed(alloc.get_num_tokens(s.seq_id)) for s in live)
+        if needed > alloc.stats().cpu_free_blocks:
+            return False
+        for sample in live:
+            alloc.swap_out(sample.seq_id)
+            sample.may_share_tail = False
+        return True
+
+    # ------------------------------------------------------------ admission
+    def _admit(self) -> List[Request]:
+        """Move waiting requests to running, oldest first, while blocks and batch slots allow.
+
+        Swapped requests come back by ``swap_in`` and simply decode next step; the others
+        are returned to be prefilled.
+        """
+        alloc = self.allocator
+        to_prefill: List[Request] = []
+        slots = self.max_batch_size - self.num_running_seqs
+        while self.waiting:
+            request = self.waiting[0]
+            live = request.live_samples()
+            if len(live) > slots:
+                break
+            if request.status is Status.SWAPPED:
+                needed = sum(alloc.blocks_needed(alloc.get_num_tokens(s.seq_id)) for s in live)
+                if needed + self._watermark_blocks() > alloc.num_free_blocks:
+                    break
+                for sample in live:
+                    alloc.swap_in(sample.seq_id)
+                self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
+            elif not request.started:
+                # One allocation for the prompt; the other samples fork from it later.
+                if not alloc.can_allocate(len(request.prompt), token_ids=request.prompt, watermark=self.watermark):
+                    break
+                to_prefill.append(request)
+            else:
+                # Resuming after recompute preemption: each sample re-prefills its own tokens.
+                needed = sum(alloc.blocks_needed(len(request.prompt) + len(s.output)) for s in live)
+                if needed + self._watermark_blocks() > alloc.num_free_blocks:
+                    break
+                to_prefill.append(request)
+            self.waiting.popleft()
+            request.status = Status.RUNNING
+            self.running.append(request)
+            slots -= len(live)
+            if to_prefill and to_prefill[-1] is request:
+                self._allocate(request)  # now, so the next admission sees these blocks taken
+        return to_prefill
+
+    def _allocate(self, request: Request) -> None:
+        """Allocate the blocks of a request about to be prefilled; remember what to compute."""
+        alloc = self.allocator
+        chunks = []
+        samples = request.live_samples() if request.started else request.samples[:1]
+        for sample in samples:
+            tokens = request.prompt + sample.output
+            cached = alloc.allocate_for_sequence(sample.seq_id, len(tokens), token_ids=tokens)
+            if not request.started:
+                request.num_cached_tokens = cached
+            chunks.append((sample, tokens, cached))
+        self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
+        self._pending_prefill[request.request_id] = chunks
+
+    def _prefill(self, requests: List[Request]) -> Tuple[int, int, int]:
+        """Compute the uncached tail of each admitted sequence, sample, fork new requests' samples.
+
+        Returns (tokens computed, tokens found cached, tokens generated).
+        """
+        if not requests:
+            return 0, 0, 0
+        alloc = self.allocator
+        rows = []  # (request, sample, fresh)
+        seq_ids, chunks, write = [], [], []
+        computed = cached_total = 0
+        for request in requests:
+            fresh = not request.started
+            for sample, tokens, cached in self._pending_prefill.pop(request.request_id):
+                # Always compute at least the last token: its logits give the next one. If
+                # the cache holds it all, its K/V is there already, so it is not rewritten.
+                start = min(cached, len(tokens) - 1)
+                seq_ids.append(sample.seq_id)
+                chunks.append(tokens[start:])
+                write.append(cached < len(tokens))
+                rows.append((request, sample, fresh))
+                computed += len(tokens) - start
+                cached_total += cached
+        logits = self.model.forward_paged(alloc, seq_ids, chunks, write=write)
+        generated = 0
+        for row, (request, sample, fresh) in enumerate(rows):
+            if fresh:
+                for child in request.samples[1:]:
+                    alloc.fork(sample.seq_id, child.seq_id)
+                    child.may_share_tail = sample.may_share_tail = True
+                for each in request.samples:
+                    self._take_token(request, each, logits[row])
+                    generated += 1
+            else:
+                self._take_token(request, sample, logits[row])
+                generated += 1
+        self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
+        self._retire_finished()
+        return computed, cached_total, generated
+
