@@ -1,0 +1,93 @@
+"""``paged-kv simulate``: table, JSON, plots, sweeps and errors."""
+
+import argparse
+import json
+
+import pytest
+
+from paged_kv_lib.simulate import cli as sim_cli
+from paged_kv_lib.simulate import make_workload, simulate
+
+
+def run_cli(*argv):
+    parser = argparse.ArgumentParser(prog="paged-kv")
+    sim_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["simulate", *argv])
+    return args.func(args)
+
+
+def test_json_object_has_the_documented_shape(capsys):
+    assert run_cli("--workload", "alpaca", "--requests", "150", "--capacity-tokens", "4000",
+                   "--seed", "3", "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"] == "alpaca" and data["capacity_tokens"] == 4000 and data["requests"] == 150
+    rows = data["results"]
+    assert [r["allocator"] for r in rows] == ["orca-max", "orca-pow2", "orca-oracle", "paged"]
+    assert [r["block_size"] for r in rows] == [None, None, None, 16]
+    for row in rows:
+        parts = [row[k] for k in ("token_states", "reserved", "internal", "external", "free")]
+        assert all(0 <= p <= 1 for p in parts) and sum(parts) == pytest.approx(1.0)
+        assert row["finished"] == 150 and row["mean_batch"] > 0 and row["preemptions"] >= 0
+    # The CLI reports exactly what the Python API computes.
+    api = simulate(make_workload("alpaca", 150, 3), 4000)
+    assert [r.as_dict()["token_states"] for r in api] == [r["token_states"] for r in rows]
+
+
+def test_table_has_one_row_per_allocator_and_block_size(capsys):
+    assert run_cli("--requests", "60", "--block-size", "4,16,64", "--allocators", "orca-oracle,paged") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:2] == ["allocator", "tokens"]
+    names = [line.split()[0] + (" " + line.split()[1] if line.startswith("paged") else "") for line in out[2:]]
+    assert names == ["orca-oracle", "paged B=4", "paged B=16", "paged B=64"]
+
+
+def test_plot_is_written(tmp_path, capsys):
+    path = tmp_path / "waste.png"
+    assert run_cli("--requests", "40", "--block-size", "8,16", "--plot", str(path), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["results"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trace_file_workload(tmp_path, capsys):
+    path = tmp_path / "mine.csv"
+    path.write_text("prompt_len,output_len\n" + "".join(f"{10 + i},{20 + i}\n" for i in range(30)))
+    assert run_cli("--workload", str(path), "--capacity-tokens", "3000", "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"] == "mine" and data["requests"] == 30
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--workload", "nosuch"], "neither sharegpt nor alpaca nor a file"),
+        (["--workload", "missing.csv"], "does not exist"),
+        (["--block-size", "16,x"], "--block-size takes integers"),
+        (["--block-size", "0"], "block_size must be >= 1"),
+        (["--allocators", "orca-max,vllm"], "unknown allocator 'vllm'"),
+        (["--capacity-tokens", "1000"], "more than the 1000 usable slots"),
+        (["--requests", "0"], "num_requests must be >= 1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(capsys, argv, fragment):
+    full = argv if "--requests" in argv else ["--requests", "5", *argv]
+    assert run_cli(*full) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    workload = make_workload("alpaca", 10, 0)
+    args = argparse.Namespace(json=False, no_progress=False)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    assert sim_cli._progress(args, workload, ["paged"], [16]) is None
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    bar = sim_cli._progress(args, workload, ["orca-max", "paged"], [8, 16])
+    assert bar is not None and bar.total == 30
+    bar.close()
+    assert sim_cli._progress(argparse.Namespace(json=True, no_progress=False), workload, ["paged"], [16]) is None
+
+
+def test_registered_in_the_paged_kv_command(capsys):
+    from paged_kv_lib.cli import main
+
+    assert main(["simulate", "--requests", "20", "--allocators", "paged", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["allocator"] == "paged"
