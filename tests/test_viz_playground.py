@@ -25,8 +25,8 @@ def test_add_sequence_button_allocates_and_redraws():
     assert len(alloc.get_block_mapping(0)) == alloc.blocks_needed(9)
     assert pg.log[-1] == f"added seq 0: 9 tokens -> blocks {alloc.get_block_mapping(0)}"
     assert pg.seq_select.value == 0
-    assert pg.block_table.widget().value == pg.block_table.to_html()
-    assert pg.free_queue.widget().value == pg.free_queue.to_html()
+    assert pg.block_table.widget().value == pg.block_table.to_html(inline=True)
+    assert pg.free_queue.widget().value == pg.free_queue.to_html(inline=True)
     for block_id in alloc.get_block_mapping(0):
         assert f'data-block-id="{block_id}" data-state="used" data-seq="0"' in pg.block_table.widget().value
     assert "added seq 0" in pg.log_html.value
@@ -85,7 +85,7 @@ def test_free_button_returns_blocks_and_updates_the_dropdown():
     assert [v for _, v in pg.seq_select.options] == [1]
     assert pg.seq_select.value == 1
     assert pg.log[-1] == f"freed seq 0: blocks {blocks} back to the free queue"
-    assert pg.free_queue.widget().value == pg.free_queue.to_html()
+    assert pg.free_queue.widget().value == pg.free_queue.to_html(inline=True)
 
 
 def test_actions_without_a_sequence_are_refused_politely():
@@ -149,7 +149,7 @@ def test_playground_uses_the_allocator_it_is_given():
     assert pg.add_sequence(2) == 5  # new ids never clash with the given ones
     alloc.append_tokens(4, 10)  # changed from code...
     pg.refresh()  # ...then redrawn
-    assert pg.block_table.widget().value == pg.block_table.to_html()
+    assert pg.block_table.widget().value == pg.block_table.to_html(inline=True)
     assert 'data-seq="4" data-tokens="13"' in pg.block_table.widget().value
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import html
 import random
+import re
 import xml.etree.ElementTree as ET
 from types import SimpleNamespace
 
@@ -249,7 +252,7 @@ def test_widgets_redraw_on_refresh():
     alloc.allocate_for_sequence(0, 6)
     assert box.value == before  # nothing redraws by itself...
     view.refresh()
-    assert box.value == view.to_html() != before  # ...until refresh()
+    assert box.value == view.to_html(inline=True) != before  # ...until refresh()
     assert 'data-seq="0"' in box.value
 
 
@@ -266,7 +269,7 @@ def test_translation_widget_controls_follow_the_allocator():
     assert slider.max == 8
     slider.value = 7
     assert view.model()["translation"]["position"] == 7
-    assert html.value == view.to_html()
+    assert html.value == view.to_html(inline=True)
     assert f'data-slot="{alloc.get_block_mapping(1)[1] * 4 + 3}"' in html.value
     alloc.free_sequence(1)
     view.refresh()
@@ -328,3 +331,15 @@ def test_full_blocks_in_the_prefix_cache_carry_a_flag():
     flagged = {int(g.get("data-block-id")) for g in groups(parse(BlockTableView(alloc).svg()), "pkv-block")
                if any(p.get("class") == "pkv-hashed" for p in g.iter(SVG + "path"))}
     assert flagged == hashed
+
+
+@pytest.mark.parametrize("view_cls", [BlockTableView, FreeQueueView, AddressTranslationView])
+def test_stored_picture_is_an_img_of_the_svg(view_cls):
+    alloc = busy(4)
+    view = view_cls(alloc)
+    stored = view._repr_html_()
+    assert "<svg" not in stored  # a sanitizer would strip inline SVG from a stored output
+    (data,) = re.findall(r'src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', stored)
+    assert base64.b64decode(data).decode("utf-8") == view.svg()
+    assert f'alt="{html.escape(view.summary())}"' in stored
+    assert "<svg" in view.to_html(inline=True)

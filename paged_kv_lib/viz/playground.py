@@ -117,6 +117,9 @@ class Playground:
             (self.seq_select, "pkv-seq-select"), (self.log_html, "pkv-log"),
         ):
             control.add_class(cls)
+        for button in (self.add_button, self.append_button, self.fork_button, self.free_button,
+                       self.swap_out_button, self.swap_in_button):
+            button.layout = widgets.Layout(width="auto", min_width="72px")
         self.add_button.on_click(lambda _: self._add_from_controls())
         self.append_button.on_click(lambda _: self.append(self.seq_select.value, self.num_tokens.value))
         self.fork_button.on_click(lambda _: self.fork(self.seq_select.value))

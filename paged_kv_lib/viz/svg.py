@@ -10,6 +10,7 @@ for anyone inspecting the DOM.
 
 from __future__ import annotations
 
+import base64
 import html
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -72,6 +73,14 @@ def _svg(width: float, height: float, parts: Iterable[str], label: str, kind: st
         f'font-family="{html.escape(FONT, quote=True)}">'
         f"{body}</svg>"
     )
+
+
+def as_img(svg_text: str, alt: str) -> str:
+    """The SVG as an ``<img>`` with a data URI: notebook sanitizers (JupyterLab's, for an
+    untrusted notebook) strip inline ``<svg>`` but keep this, so stored outputs still show."""
+    data = base64.b64encode(svg_text.encode("utf-8")).decode("ascii")
+    return _el("img", src=f"data:image/svg+xml;base64,{data}", alt=alt, title=alt,
+               style="max-width:100%;height:auto")
 
 
 def _approx_text_width(text: str, size: int = 11) -> float:

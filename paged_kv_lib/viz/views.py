@@ -4,7 +4,8 @@ Each view reads the allocator it is given (never changes it) and offers four fac
 
 * ``model()``: the plain data it draws (lists of dicts, see ``snapshot.py``);
 * ``_repr_html_()``: a static SVG picture, deterministic, stored in the notebook so it
-  shows on GitHub and nbviewer (this is what a view displays as by default);
+  shows on GitHub and nbviewer (this is what a view displays as by default); it is an
+  ``<img>`` of the SVG, which survives the HTML sanitizer of an untrusted notebook;
 * ``summary()`` / ``repr()``: a short text version, for logs and for nbval to compare;
 * ``widget()``: a live ipywidgets control that ``refresh()`` redraws after the allocator
   changes (the :class:`~paged_kv_lib.viz.playground.Playground` refreshes for you).
@@ -45,9 +46,13 @@ class _View:
     def summary(self) -> str:  # pragma: no cover - every view overrides it
         raise NotImplementedError
 
-    def to_html(self) -> str:
-        """The static picture wrapped in a ``div`` (what ``_repr_html_`` returns)."""
-        return f'<div class="pkv-view pkv-{self._kind}-view"{_WRAP_STYLE}>{self.svg()}</div>'
+    def to_html(self, *, inline: bool = False) -> str:
+        """The picture in a ``div``: an ``<img>`` of the SVG (what ``_repr_html_`` stores), or with
+        ``inline=True`` the SVG itself, with tooltips and ``data-*`` attributes (the live widget's)."""
+        return f'<div class="pkv-view pkv-{self._kind}-view"{_WRAP_STYLE}>{self._picture(self.svg(), inline)}</div>'
+
+    def _picture(self, svg_text: str, inline: bool) -> str:
+        return svg_text if inline else svg.as_img(svg_text, self.summary())
 
     def _repr_html_(self) -> str:
         return self.to_html()
@@ -58,7 +63,7 @@ class _View:
     def widget(self) -> widgets.Widget:
         """The live widget (the same object on every call); :meth:`refresh` redraws it."""
         if self._box is None:
-            self._html = widgets.HTML(value=self.to_html())
+            self._html = widgets.HTML(value=self.to_html(inline=True))
             self._box = self._build(self._html)
         return self._box
 
@@ -68,7 +73,7 @@ class _View:
     def refresh(self) -> None:
         """Redraw the live widget from the allocator's current state (no-op before ``widget()``)."""
         if self._html is not None:
-            self._html.value = self.to_html()
+            self._html.value = self.to_html(inline=True)
 
 
 class BlockTableView(_View):
@@ -230,10 +235,11 @@ class AddressTranslationView(_View):
     def svg(self) -> str:
         return svg.render_translation(self.model(), columns=self.columns)
 
-    def to_html(self) -> str:
+    def to_html(self, *, inline: bool = False) -> str:
         m = self.model()
-        return (f'<div class="pkv-view pkv-translation-view"{_WRAP_STYLE}>{svg.translation_table(m["translation"])}'
-                f'{svg.render_translation(m, columns=self.columns)}</div>')
+        picture = self._picture(svg.render_translation(m, columns=self.columns), inline)
+        return (f'<div class="pkv-view pkv-translation-view"{_WRAP_STYLE}>'
+                f'{svg.translation_table(m["translation"])}{picture}</div>')
 
     def summary(self) -> str:
         t = self.model()["translation"]
