@@ -300,3 +300,20 @@ def test_check_invariants_catches_corruption():
     alloc._tables[0].num_tokens = 20
     with pytest.raises(InvariantError, match="20 tokens"):
         alloc.check_invariants()
+
+
+def test_decode_step_without_new_block_allocates_nothing():
+    import tracemalloc
+
+    alloc = PagedKVCacheAllocator(2, 5000, 1, 1, allocate_cache=False)
+    alloc.allocate_for_sequence(0, 1)
+    alloc.append_tokens(0)
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    for _ in range(2000):
+        assert alloc.append_tokens(0) == ()
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # One int object may be live at a time; 2,000 steps must not add up.
+    assert peak - base < 200 and current - base < 200
