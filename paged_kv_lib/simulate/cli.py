@@ -37,8 +37,10 @@ def register(subparsers) -> None:
     parser.add_argument("--requests", type=int, default=None,
                         help=f"requests to simulate (default {DEFAULT_REQUESTS}; a trace file: all of it)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default 0)")
-    parser.add_argument("--rate", type=float, default=DEFAULT_RATE,
-                        help=f"Poisson arrivals per scheduler step (default {DEFAULT_RATE}: saturating)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="Poisson arrivals per scheduler step (default: saturating, "
+                             + ", ".join(f"{k} {v.rate:g}" for k, v in TRACES.items())
+                             + f", {DEFAULT_RATE:g} for a trace file without arrivals)")
     parser.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
                         help=f"model context length; orca-max reserves this much (default {DEFAULT_MAX_LEN})")
     parser.add_argument("--allocators", default=",".join(ALLOCATORS),
@@ -73,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
               f"mean output {workload.mean_output():.0f} tokens; capacity {args.capacity_tokens} token slots; "
               f"contiguous allocator: {args.fit}")
         print(format_table(results))
+        for r in results:
+            if r.window != "loaded":
+                print(f"note: {label(r)} never had a request waiting (arrivals too slow to load it); "
+                      f"its averages cover every step with a running request")
     if args.plot:
         from .plots import plot_results
 
@@ -123,8 +129,8 @@ def _workload(args: argparse.Namespace) -> Workload:
         return make_workload(args.workload, count, args.seed, rate=args.rate, max_len=args.max_len)
     if not os.path.exists(args.workload) and not os.path.splitext(args.workload)[1]:
         raise WorkloadError(f"--workload {args.workload!r} is neither {' nor '.join(TRACES)} nor a file")
-    return load_workload(args.workload, num_requests=args.requests, seed=args.seed, rate=args.rate,
-                         max_len=args.max_len)
+    rate = DEFAULT_RATE if args.rate is None else args.rate
+    return load_workload(args.workload, num_requests=args.requests, seed=args.seed, rate=rate, max_len=args.max_len)
 
 
 def _progress(args: argparse.Namespace, workload: Workload, allocators: List[str], sizes: List[int]):

@@ -28,9 +28,7 @@ import numpy as np
 from .._validate import as_count
 
 DEFAULT_MAX_LEN = 2048
-# Requests per step. Far above what any allocator can serve (a saturated paged cache of
-# 15,728 slots finishes about 0.1 request per step), so a queue builds from the start
-# and the measurement is of a loaded system.
+# Requests per step for trace files without arrivals.
 DEFAULT_RATE = 1.0
 
 
@@ -52,20 +50,27 @@ class Request(NamedTuple):
 
 @dataclass(frozen=True)
 class TraceShape:
-    """Log-normal length model of a dataset: target means and spreads (sigma of log length)."""
+    """Log-normal length model of a dataset: target means, spreads (sigma of log length), default rate.
+
+    The default rate (requests per step) is about ten times what a paged cache of
+    15,728 slots can serve, so a queue builds from the start and the measurement is
+    of a loaded system.
+    """
 
     prompt_mean: float
     output_mean: float
     prompt_sigma: float
     output_sigma: float
+    rate: float
 
 
 TRACES: Dict[str, TraceShape] = {
     # Means from the paper (Fig. 11). Sigma 0.75 gives a coefficient of variation of
-    # about 0.8; ShareGPT conversations span from a few tokens to the context limit.
-    "sharegpt": TraceShape(161.31, 337.99, 0.75, 0.75),
-    # Alpaca instructions and answers are short and more uniform.
-    "alpaca": TraceShape(19.31, 58.45, 0.5, 0.75),
+    # about 0.8: most requests are a few hundred tokens, a few reach the context limit.
+    # Paged serving finishes about 0.1 request per step.
+    "sharegpt": TraceShape(161.31, 337.99, 0.75, 0.75, rate=1.0),
+    # Alpaca instructions and answers are short and more uniform; about 3 per step finish.
+    "alpaca": TraceShape(19.31, 58.45, 0.5, 0.75, rate=30.0),
 }
 
 
@@ -92,13 +97,13 @@ def make_workload(
     num_requests: int,
     seed: int = 0,
     *,
-    rate: float = DEFAULT_RATE,
+    rate: Optional[float] = None,
     max_len: int = DEFAULT_MAX_LEN,
 ) -> Workload:
     """Generate ``num_requests`` requests shaped like trace ``name`` ("sharegpt" or "alpaca").
 
-    Arrivals are a Poisson process of ``rate`` requests per step; the same seed gives
-    the same workload.
+    Arrivals are a Poisson process of ``rate`` requests per step (default: the trace's
+    saturating rate); the same seed gives the same workload.
     """
     shape = TRACES.get(name)
     if shape is None:
@@ -106,7 +111,7 @@ def make_workload(
     num_requests = as_count(num_requests, "num_requests", minimum=1)
     seed = as_count(seed, "seed")
     max_len = as_count(max_len, "max_len", minimum=2)
-    rate = _positive(rate, "rate")
+    rate = shape.rate if rate is None else _positive(rate, "rate")
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, num_requests))
     mu_p = _lognormal_mu(shape.prompt_mean, shape.prompt_sigma, max_len - 1)
