@@ -315,5 +315,6 @@ def test_decode_step_without_new_block_allocates_nothing():
         assert alloc.append_tokens(0) == ()
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    # One int object may be live at a time; 2,000 steps must not add up.
-    assert peak - base < 200 and current - base < 200
+    # A few small objects may be live at a time (an int, tracemalloc's own frames);
+    # anything allocated per step would add up to tens of kilobytes over 2,000 steps.
+    assert peak - base < 1024 and current - base < 1024
