@@ -217,10 +217,11 @@ def _grid_height(count: int, columns: int) -> float:
 
 def _link(start: Point, end: Point, color: str, *, width: float = 1.5, opacity: float = 0.45,
           cls: str = "pkv-link") -> str:
-    """A curve from the top of a logical block up to the bottom of its physical block."""
+    """A smooth curve from a logical block's edge to its physical block's edge (either above the other)."""
     (x1, y1), (x2, y2) = start, end
-    bend = max(20.0, (y1 - y2) * 0.45)
-    d = f"M{_fmt(x1)} {_fmt(y1)}C{_fmt(x1)} {_fmt(y1 - bend)} {_fmt(x2)} {_fmt(y2 + bend)} {_fmt(x2)} {_fmt(y2)}"
+    dy = y2 - y1
+    bend = max(20.0, abs(dy) * 0.45) * (1 if dy >= 0 else -1)
+    d = f"M{_fmt(x1)} {_fmt(y1)}C{_fmt(x1)} {_fmt(y1 + bend)} {_fmt(x2)} {_fmt(y2 - bend)} {_fmt(x2)} {_fmt(y2)}"
     return _el("path", class_=cls, d=d, fill="none", stroke=color, stroke_width=width,
                stroke_opacity=opacity)
 

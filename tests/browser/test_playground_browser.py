@@ -159,3 +159,34 @@ def test_playground_buttons_drive_the_kernel_allocator(jupyter_server, page):
         "els => els.map(e => Number(e.getAttribute('data-block-id')))")
     assert free_drawn == state["free_blocks"]
     _shot(page, "4-after-free")
+
+
+def test_stored_pictures_show_in_an_untrusted_notebook(jupyter_server, page):
+    """A lesson's stored view outputs must still draw when JupyterLab sanitizes them."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from paged_kv_lib import PagedKVCacheAllocator
+    from paged_kv_lib.viz import AddressTranslationView, BlockTableView, FreeQueueView
+
+    alloc = PagedKVCacheAllocator(12, 4, 1, 2)
+    alloc.allocate_for_sequence(0, 9)
+    alloc.allocate_for_sequence(1, 5)
+    alloc.free_sequence(0)
+    views = [BlockTableView(alloc), FreeQueueView(alloc), AddressTranslationView(alloc, 1, 4)]
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    for i, view in enumerate(views):
+        cell = new_code_cell(type(view).__name__ + "(alloc)", execution_count=i + 1)
+        cell.outputs = [new_output("execute_result", execution_count=i + 1,
+                                   data={"text/html": view._repr_html_(), "text/plain": repr(view)})]
+        nb.cells.append(cell)
+    nbformat.write(nb, f"{jupyter_server['root']}/stored.ipynb")  # unsigned, so untrusted
+
+    page.goto(f"{jupyter_server['base']}/lab/tree/stored.ipynb?token={jupyter_server['token']}")
+    pictures = page.locator('.jp-OutputArea-output img[src^="data:image/svg+xml"]')
+    pictures.nth(len(views) - 1).wait_for(timeout=KERNEL_TIMEOUT_MS)
+    sizes = pictures.evaluate_all("els => els.map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
+    assert len(sizes) == len(views)
+    assert all(done and w > 100 and h > 30 for done, w, h in sizes), sizes
+    assert page.locator(".jp-OutputArea-output", has_text="logical block").count() >= 1  # translation table
+    page.screenshot(path=str(ARTIFACTS / "stored-untrusted.png"))
