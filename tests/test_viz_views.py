@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paged_kv_lib import Block, BlockTable, PagedKVCacheAllocator
+from paged_kv_lib import Block, BlockTable, PagedKVCacheAllocator, PositionError, UnknownSequenceError
 from paged_kv_lib.viz import AddressTranslationView, BlockTableView, FreeQueueView, seq_color
 from paged_kv_lib.viz import snapshot
 
@@ -231,10 +231,12 @@ def test_address_translation_refuses_bad_selection_and_follows_frees():
     alloc.allocate_for_sequence(0, 5)
     alloc.allocate_for_sequence(1, 2)
     view = AddressTranslationView(alloc, seq_id=1, position=1)
-    with pytest.raises(KeyError):
+    with pytest.raises(UnknownSequenceError):
         view.select(5, 0)
-    with pytest.raises(IndexError):
+    with pytest.raises(PositionError):
         view.select(0, 5)
+    with pytest.raises(PositionError):
+        snapshot.translate(alloc, 0, -1)
     alloc.free_sequence(1)
     assert view.model()["translation"]["seq_id"] == 0  # falls back to a live sequence
     alloc.free_sequence(0)

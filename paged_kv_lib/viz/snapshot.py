@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from ..errors import PositionError, UnknownSequenceError
+
 BlockInfo = Dict[str, Any]
 
 FREE, CACHED, USED = "free", "cached", "used"
@@ -135,10 +137,10 @@ def translate(allocator: Any, seq_id: int, position: int) -> Dict[str, Any]:
     """
     tables = allocator.sequence_block_tables
     if seq_id not in tables:
-        raise KeyError(f"sequence {seq_id!r} is not allocated")
+        raise UnknownSequenceError(f"sequence {seq_id!r} is not allocated")
     table = tables[seq_id]
     if not 0 <= position < table.num_tokens:
-        raise IndexError(
+        raise PositionError(
             f"position {position} is outside sequence {seq_id}, which holds {table.num_tokens} tokens"
         )
     size = allocator.block_size

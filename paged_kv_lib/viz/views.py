@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 import ipywidgets as widgets
 
+from ..errors import PositionError, UnknownSequenceError
 from . import snapshot, svg
 
 
@@ -203,9 +204,9 @@ class AddressTranslationView(_View):
         """Point the view at token ``position`` of sequence ``seq_id`` (both must exist)."""
         tables = self.allocator.sequence_block_tables
         if seq_id not in tables:
-            raise KeyError(f"sequence {seq_id!r} is not allocated")
+            raise UnknownSequenceError(f"sequence {seq_id!r} is not allocated")
         if not 0 <= position < max(tables[seq_id].num_tokens, 1):
-            raise IndexError(f"position {position} is outside sequence {seq_id} "
+            raise PositionError(f"position {position} is outside sequence {seq_id} "
                              f"({tables[seq_id].num_tokens} tokens)")
         self.seq_id, self.position = seq_id, position
         self.refresh()
