@@ -246,6 +246,8 @@ class Engine:
         return request_id
 
     def _token_list(self, prompt: Sequence[int]) -> List[int]:
+        if isinstance(prompt, (bytes, bytearray)):
+            raise TypeError("prompt must be a str or a sequence of token ids, got bytes (decode it, or list() it)")
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.reshape(-1).tolist()
         ids = [as_count(t, "token id") for t in prompt]

@@ -1,0 +1,178 @@
+"""The engine's contract around generation: input checks, admission rules, stats, the CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged_kv_lib.cli import main as cli_main
+from paged_kv_lib.engine import Engine, RequestTooLargeError
+from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model() -> TinyTransformer:
+    return TinyTransformer(ModelConfig(), seed=11).eval()
+
+
+def make_engine(model, num_blocks=32, block_size=4, **options) -> Engine:
+    return Engine(model, model.new_allocator(num_blocks, block_size), **options)
+
+
+def test_request_that_can_never_fit_is_refused(model) -> None:
+    engine = make_engine(model, num_blocks=8, block_size=4, watermark=0.0)
+    with pytest.raises(RequestTooLargeError, match="pool has only 8") as info:
+        engine.add_request(list(range(40)), 4)  # the prompt alone is longer than the pool
+    assert info.value.needed > info.value.total == 8
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(RequestTooLargeError):
+        engine.add_request([1, 2, 3], 40)  # short prompt, but the output cannot fit
+    with pytest.raises(RequestTooLargeError):
+        engine.add_request(list(range(12)), 5, n=3)  # one sample fits, three cannot
+    assert not engine.has_unfinished()
+    # What fits exactly still runs, alone in the pool.
+    engine.add_request(list(range(20)), 13)
+    (out,) = engine.run(progress=False)
+    assert list(out.token_ids) == generate_no_cache(model, list(range(20)), 13)
+
+
+def test_watermark_counts_against_fit(model) -> None:
+    engine = make_engine(model, num_blocks=10, block_size=4, watermark=0.2)
+    with pytest.raises(RequestTooLargeError, match="watermark"):
+        engine.add_request(list(range(30)), 4)  # 9 blocks + 2 of watermark > 10
+    engine.add_request(list(range(30)), 3)  # 8 blocks + 2: fits
+    assert len(engine.run(progress=False)) == 1
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda e: e.add_request([], 4), ValueError),
+        (lambda e: e.add_request([1, 300], 4), ValueError),
+        (lambda e: e.add_request([1, -2], 4), ValueError),
+        (lambda e: e.add_request("hi", 0), ValueError),
+        (lambda e: e.add_request("hi", 2.5), TypeError),
+        (lambda e: e.add_request("hi", 4, n=0), ValueError),
+        (lambda e: e.add_request("hi", 4, temperature=-1.0), ValueError),
+        (lambda e: e.add_request("hi", 4, seed=-3), ValueError),
+        (lambda e: e.add_request(b"hi", 4), TypeError),
+    ],
+)
+def test_bad_requests_are_refused_and_change_nothing(model, call, error) -> None:
+    engine = make_engine(model)
+    with pytest.raises(error):
+        call(engine)
+    assert not engine.has_unfinished()
+
+
+def test_bad_engine_options_are_refused(model) -> None:
+    alloc = model.new_allocator(8, 4)
+    with pytest.raises(ValueError, match="preemption_mode"):
+        Engine(model, alloc, preemption_mode="evict")
+    with pytest.raises(ValueError, match="watermark"):
+        Engine(model, alloc, watermark=1.0)
+    with pytest.raises(TypeError, match="watermark"):
+        Engine(model, alloc, watermark="low")
+    with pytest.raises(ValueError, match="max_batch_size"):
+        Engine(model, alloc, max_batch_size=0)
+    other = TinyTransformer(ModelConfig(num_layers=3))
+    with pytest.raises(ValueError, match="does not fit this model"):
+        Engine(other, alloc)
+
+
+def test_string_prompts_are_bos_plus_bytes(model) -> None:
+    engine = make_engine(model)
+    engine.add_request("paging", 3)
+    (out,) = engine.run(progress=False)
+    assert out.prompt_ids == tuple(encode("paging"))
+    assert isinstance(out.text, str) and out.texts == [out.text]
+
+
+def test_admission_keeps_the_watermark_and_first_come_first_served(model) -> None:
+    # 20 blocks, watermark 0.25 -> an admission must leave 5 free.
+    engine = make_engine(model, num_blocks=20, block_size=4, watermark=0.25)
+    big = engine.add_request(list(range(28)), 2)  # 7 blocks
+    second = engine.add_request(list(range(1, 29)), 2)  # 7 more would leave 6: admitted
+    third = engine.add_request(list(range(2, 30)), 2)  # 7 more would leave -1: waits
+    small = engine.add_request([5, 6], 2)  # 1 block would fit, but it must not overtake
+    stats = engine.step()
+    assert stats.running == 2 and stats.waiting == 2
+    assert [r.request_id for r in engine.running] == [big, second]
+    assert [r.request_id for r in engine.waiting] == [third, small]
+    outputs = engine.run(progress=False)
+    assert [o.request_id for o in outputs] == [big, second, third, small]
+    assert engine.allocator.num_free_blocks == 20
+
+
+def test_max_batch_size_caps_running_sequences(model) -> None:
+    engine = make_engine(model, num_blocks=64, max_batch_size=3)
+    engine.add_request("one", 6)
+    engine.add_request("two", 6, n=2)
+    engine.add_request("three", 6)
+    most = 0
+    while engine.has_unfinished():
+        engine.step()
+        most = max(most, engine.num_running_seqs)
+    assert most == 3
+
+
+def test_step_stats_describe_the_step(model) -> None:
+    engine = make_engine(model, num_blocks=32)
+    engine.add_request("abcdef", 5)
+    engine.add_request("abcdef", 5)
+    first = engine.step()
+    assert first.step == 1 and first.running == 2 and first.waiting == 0
+    assert first.prefill_tokens + first.cached_tokens == 2 * len(encode("abcdef"))
+    assert first.cached_tokens == 4  # the second prompt found the first's full block
+    assert first.generated_tokens == 2 and first.decode_tokens == 0
+    assert first.blocks_used == engine.allocator.num_used_blocks == 3
+    second = engine.step()
+    assert second.decode_tokens == 2 and second.prefill_tokens == 0 and second.generated_tokens == 2
+    assert second.elapsed_s > 0 and second.tokens_per_s > 0
+    assert set(second.as_dict()) >= {"running", "waiting", "blocks_used", "blocks_cached", "preempted", "tokens_per_s"}
+    engine.run(progress=False)
+    totals = engine.totals
+    assert totals.generated_tokens == 10 and totals.steps == 5
+    assert totals.peak_blocks_used >= 3 and totals.tokens_per_s > 0
+
+
+def test_run_shows_a_progress_bar(model, capsys) -> None:
+    engine = make_engine(model)
+    engine.add_request("bar", 4)
+    engine.run(progress=True)
+    assert "generate" in capsys.readouterr().err
+    engine.add_request("bar", 4)
+    engine.run(progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_unseeded_sampling_still_draws_different_samples(model) -> None:
+    engine = make_engine(model, num_blocks=64)
+    engine.add_request("hello", 12, n=4, temperature=1.5)
+    (out,) = engine.run(progress=False)
+    assert len({o for o in out.outputs}) > 1
+
+
+def test_cli_generate_prints_text_and_stats(capsys) -> None:
+    code = cli_main(
+        ["generate", "A block", "The engine", "--max-new-tokens", "12", "-n", "2",
+         "--temperature", "0.7", "--seed", "4", "--num-blocks", "32", "--no-progress", "--random-weights"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "[0.0] A block" in out and "[0.1] A block" in out and "[1.1] The engine" in out
+    assert "generated 48 tokens" in out and "peak blocks used" in out and "tokens/s" in out
+
+
+def test_cli_generate_reports_an_impossible_request(capsys) -> None:
+    code = cli_main(["generate", "x", "--max-new-tokens", "500", "--num-blocks", "4", "--random-weights", "--no-progress"])
+    assert code == 2
+    assert "can never fit" in capsys.readouterr().err
