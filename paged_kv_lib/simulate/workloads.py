@@ -177,6 +177,25 @@ def load_workload(
     return Workload(name, tuple(requests), max_len)
 
 
+def requests_from_lengths(
+    lengths: Iterable[Tuple[int, int]],
+    *,
+    rate: float = DEFAULT_RATE,
+    seed: int = 0,
+    max_len: int = DEFAULT_MAX_LEN,
+    name: str = "custom",
+) -> Workload:
+    """A workload from ``(prompt_len, output_len)`` pairs with Poisson arrivals (handy in lessons and tests)."""
+    max_len = as_count(max_len, "max_len", minimum=2)
+    pairs = [_checked_row("lengths", f"pair {i}", {"prompt_len": p, "output_len": o}, max_len)[1:]
+             for i, (p, o) in enumerate(lengths)]
+    if not pairs:
+        raise WorkloadError("a workload needs at least one request")
+    rng = np.random.default_rng(as_count(seed, "seed"))
+    arrivals = np.cumsum(rng.exponential(1.0 / _positive(rate, "rate"), len(pairs)))
+    return Workload(name, tuple(Request(float(a), p, o) for a, (p, o) in zip(arrivals, pairs)), max_len)
+
+
 # ----------------------------------------------------------------- internals
 def _positive(value: float, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -288,17 +307,3 @@ def _as_int(value: object) -> Optional[int]:
         except ValueError:
             return None
     return None
-
-
-def requests_from_lengths(
-    lengths: Iterable[Tuple[int, int]], *, rate: float = DEFAULT_RATE, seed: int = 0, max_len: int = DEFAULT_MAX_LEN, name: str = "custom"
-) -> Workload:
-    """A workload from ``(prompt_len, output_len)`` pairs with Poisson arrivals (handy in lessons and tests)."""
-    max_len = as_count(max_len, "max_len", minimum=2)
-    pairs = [_checked_row("lengths", f"pair {i}", {"prompt_len": p, "output_len": o}, max_len)[1:]
-             for i, (p, o) in enumerate(lengths)]
-    if not pairs:
-        raise WorkloadError("a workload needs at least one request")
-    rng = np.random.default_rng(as_count(seed, "seed"))
-    arrivals = np.cumsum(rng.exponential(1.0 / _positive(rate, "rate"), len(pairs)))
-    return Workload(name, tuple(Request(float(a), p, o) for a, (p, o) in zip(arrivals, pairs)), max_len)
