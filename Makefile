@@ -26,7 +26,8 @@ lab: install
 
 ## Every test: unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
 test: install
-	$(PY) -m pytest tests lessons exercises/solutions $(NBVAL)
+	$(PY) -m pytest tests
+	$(PY) -m pytest lessons exercises/solutions $(NBVAL)
 
 ## Unit and property tests only.
 test-fast: install
