@@ -51,7 +51,7 @@ bench: install
 	$(PY) benchmarks/free_queue.py
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/engine.py
-	$(PY) -m paged_kv_lib.cli simulate --workload sharegpt --requests 10000 --capacity-tokens 15728 --block-size 16 --seed 0
+	$(PY) benchmarks/simulate.py
 
 ## On a CUDA machine: GPU tests, kernel benchmark and the last lesson; results in $GPU_CHECK_OUT.
 gpu-check: install
