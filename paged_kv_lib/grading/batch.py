@@ -1,0 +1,177 @@
+"""Grade a whole class: every submitted notebook of a folder, in parallel, into one gradebook CSV.
+
+Two layouts are understood, and may be mixed in one folder:
+
+- one sub-folder per learner: ``FOLDER/<learner>/NN_topic.ipynb`` (nested folders too);
+- learner and exercise in the file name: ``FOLDER/<learner>__NN_topic.ipynb``.
+
+Each submission is graded by :func:`.grader.grade_notebook` in its own pytest process and
+kernel, so an invalid file, an endless loop or a crashed kernel costs only that
+learner's rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
+
+from .grader import DEFAULT_CELL_TIMEOUT_S, GradeReport, grade_notebook
+
+GRADEBOOK_COLUMNS = ("learner", "notebook", "task", "points", "passed", "earned", "failure")
+SEPARATOR = "__"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One learner's notebook for one exercise."""
+
+    learner: str
+    exercise: str
+    path: Path
+
+
+@dataclass
+class BatchResult:
+    """A submission and its grade."""
+
+    submission: Submission
+    report: GradeReport
+
+
+def _skip(path: Path, root: Path) -> bool:
+    parts = path.relative_to(root).parts
+    return any(part.startswith(".") or part == "__pycache__" for part in parts)
+
+
+def find_submissions(folder: Union[str, Path]) -> Tuple[List[Submission], List[str]]:
+    """Submissions under ``folder`` in both layouts, sorted; plus warnings about files skipped."""
+    folder = Path(folder)
+    found: List[Submission] = []
+    warnings: List[str] = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            for path in sorted(entry.rglob("*.ipynb")):
+                if not _skip(path, folder) and path.is_file():
+                    found.append(Submission(entry.name, path.stem, path))
+        elif entry.suffix == ".ipynb":
+            if SEPARATOR in entry.stem:
+                learner, exercise = entry.stem.split(SEPARATOR, 1)
+                found.append(Submission(learner, exercise, entry))
+            else:
+                warnings.append(
+                    f"skipped {entry.name}: name it <learner>{SEPARATOR}NN_topic.ipynb "
+                    "or put it in a folder named after the learner"
+                )
+    found.sort(key=lambda s: (s.learner, s.exercise, str(s.path)))
+    return found, warnings
+
+
+def grade_submission(
+    submission: Submission, pristine: Optional[Union[str, Path]], cell_timeout: float
+) -> GradeReport:
+    """Grade one submission; whatever goes wrong becomes that submission's report, never an exception."""
+    try:
+        return grade_notebook(submission.path, pristine=pristine, cell_timeout=cell_timeout, exercise=submission.exercise)
+    except Exception as exc:  # noqa: BLE001 - one broken submission must never stop the class's run
+        return GradeReport(submission=submission.path, exercise=submission.exercise, error=f"grader failed: {exc}")
+
+
+def grade_batch(
+    submissions: Sequence[Submission],
+    pristine: Optional[Union[str, Path]] = None,
+    cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
+    jobs: Optional[int] = None,
+    progress: bool = True,
+) -> List[BatchResult]:
+    """Grade submissions, ``jobs`` at a time (default: the number of cores), with a progress bar."""
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    results: List[BatchResult] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(submissions), desc="grading", unit="notebook")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(grade_submission, s, pristine, cell_timeout): s for s in submissions}
+        for future in as_completed(futures):
+            results.append(BatchResult(futures[future], future.result()))
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    results.sort(key=lambda r: (r.submission.learner, r.submission.exercise, str(r.submission.path)))
+    return results
+
+
+def gradebook_rows(results: Iterable[BatchResult]) -> List[dict]:
+    """One row per learner, notebook and task; a submission with no tasks to show gets one row."""
+    rows = []
+    for result in results:
+        sub, report = result.submission, result.report
+        if not report.tasks:
+            rows.append(dict(learner=sub.learner, notebook=sub.exercise, task="", points=0,
+                             passed=0, earned=0, failure=report.error or "no tasks"))
+            continue
+        for task in report.tasks:
+            failure = task.failure
+            if not task.passed and report.error and report.error not in failure:
+                failure = f"{failure}: {first_line(report.error)}" if failure else first_line(report.error)
+            rows.append(dict(
+                learner=sub.learner, notebook=report.exercise or sub.exercise, task=task.task,
+                points=fmt_points(task.points), passed=int(task.passed),
+                earned=fmt_points(task.earned), failure=failure,
+            ))
+    return rows
+
+
+def write_gradebook(results: Iterable[BatchResult], path: Union[str, Path]) -> List[dict]:
+    """Write the gradebook CSV (columns: :data:`GRADEBOOK_COLUMNS`); return its rows."""
+    rows = gradebook_rows(results)
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=GRADEBOOK_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
+def summary_table(results: Sequence[BatchResult]) -> str:
+    """A plain-text table: learner, notebook, score, and the failed tasks (or the error)."""
+    header = ("learner", "notebook", "score", "failed")
+    lines = [header]
+    for result in results:
+        report = result.report
+        failed = ", ".join(t.task for t in report.tasks if not t.passed)
+        if report.error:
+            failed = (failed + "; " if failed else "") + first_line(report.error)
+        lines.append((
+            result.submission.learner, report.exercise or result.submission.exercise,
+            f"{fmt_points(report.earned)}/{fmt_points(report.points)}", failed or "-",
+        ))
+    widths = [max(len(str(row[i])) for row in lines) for i in range(3)]
+    out = []
+    for row in lines:
+        cells = [str(row[i]).ljust(widths[i]) for i in range(3)] + [str(row[3])]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def fmt_points(value: float) -> Union[int, float]:
+    """Points as an int when whole (2, not 2.0)."""
+    return int(value) if float(value).is_integer() else round(float(value), 3)
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line of a message."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""

@@ -1,0 +1,135 @@
+"""``paged-kv grade``: grade one exercise notebook, or a whole class's folder into a CSV.
+
+    paged-kv grade exercises/03_allocator.ipynb
+    paged-kv grade --batch submissions/ --csv gradebook.csv --jobs 4
+
+Exit status: 0 when every task passed (batch: when the gradebook was written), 1 when
+a task failed, 2 when the notebook could not be graded at all (not a notebook, no
+matching exercise, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, List
+
+from .batch import find_submissions, fmt_points, grade_batch, summary_table, write_gradebook
+from .grader import DEFAULT_CELL_TIMEOUT_S, GradeReport, grade_notebook
+
+DETAIL_LINES = 12
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``grade`` subcommand to the ``paged-kv`` command."""
+    parser = subparsers.add_parser(
+        "grade",
+        help="grade an exercise notebook (or a folder of submissions with --batch)",
+        description=(
+            "Splice the solution cells of a notebook into a pristine copy of its exercise, run it "
+            "under nbval with a per-cell timeout, and print a score table. With --batch, grade every "
+            "submission in FOLDER/<learner>/NN_topic.ipynb or FOLDER/<learner>__NN_topic.ipynb "
+            "and write a gradebook CSV."
+        ),
+    )
+    parser.add_argument("notebook", nargs="?", type=Path, help="the notebook to grade")
+    parser.add_argument("--batch", type=Path, metavar="FOLDER", help="grade every submission under FOLDER")
+    parser.add_argument("--csv", type=Path, metavar="FILE", help="gradebook to write (with --batch)")
+    parser.add_argument(
+        "--jobs", type=int, default=None, metavar="N",
+        help="submissions graded at once (with --batch; default: the number of cores)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_CELL_TIMEOUT_S, metavar="SECONDS",
+        help=f"per-cell time limit (default {DEFAULT_CELL_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--pristine", type=Path, metavar="PATH",
+        help=(
+            "the exercise to grade against: a learner version or solution notebook, or a folder of "
+            "them (default: the course's exercises/ folder, learner versions generated from solutions/)"
+        ),
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (with --batch)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``paged-kv grade``."""
+    if args.timeout <= 0:
+        print("error: --timeout must be positive", file=sys.stderr)
+        return 2
+    if args.batch is not None:
+        return _run_batch(args)
+    if args.notebook is None:
+        print("error: give a notebook to grade, or --batch FOLDER --csv FILE", file=sys.stderr)
+        return 2
+    if not args.notebook.is_file():
+        print(f"error: no such notebook: {args.notebook}", file=sys.stderr)
+        return 2
+    report = grade_notebook(args.notebook, pristine=args.pristine, cell_timeout=args.timeout)
+    print(format_report(report))
+    if report.error:
+        return 2
+    return 0 if report.ok else 1
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    if args.notebook is not None:
+        print("error: give either a notebook or --batch FOLDER, not both", file=sys.stderr)
+        return 2
+    if args.csv is None:
+        print("error: --batch needs --csv FILE for the gradebook", file=sys.stderr)
+        return 2
+    if not args.batch.is_dir():
+        print(f"error: no such folder: {args.batch}", file=sys.stderr)
+        return 2
+    if args.jobs is not None and args.jobs < 1:
+        print("error: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    submissions, warnings = find_submissions(args.batch)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not submissions:
+        print(f"error: no submissions under {args.batch}", file=sys.stderr)
+        return 2
+    results = grade_batch(
+        submissions, pristine=args.pristine, cell_timeout=args.timeout, jobs=args.jobs,
+        progress=not args.no_progress,
+    )
+    rows = write_gradebook(results, args.csv)
+    print(summary_table(results))
+    learners = len({s.learner for s in submissions})
+    print(f"\n{len(submissions)} notebook(s) of {learners} learner(s); {len(rows)} row(s) written to {args.csv}")
+    return 0
+
+
+def format_report(report: GradeReport) -> str:
+    """The score table of one submission, then the failure details and notes."""
+    lines: List[str] = [f"Grading {report.submission} (exercise {report.exercise})"]
+    if report.error:
+        lines.append(f"error: {report.error}")
+    if report.tasks:
+        rows = [("task", "points", "result", "first failure line")]
+        for task in report.tasks:
+            rows.append((
+                task.task, f"{fmt_points(task.earned)}/{fmt_points(task.points)}",
+                "pass" if task.passed else "FAIL", task.failure,
+            ))
+        rows.append(("total", f"{fmt_points(report.earned)}/{fmt_points(report.points)}", "", ""))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines.append("")
+        for row in rows:
+            lines.append("  ".join([row[i].ljust(widths[i]) for i in range(3)] + [row[3]]).rstrip())
+    details = [t for t in report.tasks if not t.passed and t.detail and t.detail.strip() != t.failure]
+    for task in details:
+        body = task.detail.strip().splitlines()
+        if len(body) > DETAIL_LINES:
+            body = body[:DETAIL_LINES] + ["..."]
+        lines.append(f"\n{task.task}:")
+        lines.extend(f"  {line}" for line in body)
+    if report.notes:
+        lines.append("")
+        lines.extend(f"note: {note}" for note in report.notes)
+    return "\n".join(lines)
