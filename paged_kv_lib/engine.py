@@ -230,6 +230,8 @@ class Engine:
         prompt_ids = encode(prompt) if isinstance(prompt, str) else self._token_list(prompt)
         max_new_tokens = as_count(max_new_tokens, "max_new_tokens", minimum=1)
         n = as_count(n, "n", minimum=1)
+        if n > self.max_batch_size:
+            raise ValueError(f"n={n} samples can never run together: max_batch_size is {self.max_batch_size}")
         temperature = check_temperature(temperature)
         if seed is None:
             seed = int(torch.randint(0, 2**31, (), generator=self._seed_source))

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import List
 
+import torch
+
 from .engine import PREEMPTION_MODES, Engine, RequestOutput
 from .errors import PagedKVError
 from .model import ModelConfig, TinyTransformer, load_tiny_model
@@ -35,11 +37,19 @@ def register(subparsers) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--random-weights", action="store_true", help="an untrained test-sized model instead of the checkpoint")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--threads", type=int, default=1,
+        help="torch CPU threads; the tiny model's matrices are too small to gain from more",
+    )
     p.set_defaults(func=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     """Build model, allocator and engine from ``args``, generate, print; returns the exit status."""
+    if args.threads < 1:
+        print(f"paged-kv generate: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
     model = TinyTransformer(ModelConfig(), seed=args.seed or 0).eval() if args.random_weights else load_tiny_model()
     try:
         allocator = model.new_allocator(

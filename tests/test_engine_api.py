@@ -124,6 +124,13 @@ def test_max_batch_size_caps_running_sequences(model) -> None:
     assert most == 3
 
 
+def test_more_samples_than_the_batch_holds_are_refused(model) -> None:
+    engine = make_engine(model, num_blocks=64, max_batch_size=2)
+    with pytest.raises(ValueError, match="max_batch_size is 2"):
+        engine.add_request("abc", 4, n=3)
+    assert not engine.has_unfinished()
+
+
 def test_step_stats_describe_the_step(model) -> None:
     engine = make_engine(model, num_blocks=32)
     engine.add_request("abcdef", 5)

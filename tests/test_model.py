@@ -211,3 +211,21 @@ def test_checkpoint_round_trip(tmp_path, model) -> None:
     assert loaded.config == model.config
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a.half().float(), b), name
+
+
+def test_shipped_model_writes_words_of_its_corpus() -> None:
+    """The checkpoint loads, is small, and continues a prompt with real words, not noise."""
+    from importlib import resources
+
+    from paged_kv_lib.model import CHECKPOINT, load_tiny_model
+
+    data = resources.files("paged_kv_lib") / "data"
+    with resources.as_file(data / CHECKPOINT) as path:
+        assert path.stat().st_size < 2_000_000
+    model = load_tiny_model()
+    vocabulary = set((data / "tiny_corpus.txt").read_text(encoding="utf-8").split())
+    text = decode(generate_contiguous(model, encode("The allocator"), 120))
+    words = text.split()[1:-1]  # the first may continue the prompt's word, the last is cut off
+    assert len(words) >= 10
+    known = sum(w in vocabulary for w in words)
+    assert known >= 0.8 * len(words), text
