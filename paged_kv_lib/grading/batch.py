@@ -119,9 +119,7 @@ def gradebook_rows(results: Iterable[BatchResult]) -> List[dict]:
                              passed=0, earned=0, failure=report.error or "no tasks"))
             continue
         for task in report.tasks:
-            failure = task.failure
-            if not task.passed and report.error and report.error not in failure:
-                failure = f"{failure}: {first_line(report.error)}" if failure else first_line(report.error)
+            failure = "" if task.passed else (task.failure or first_line(report.error))
             rows.append(dict(
                 learner=sub.learner, notebook=report.exercise or sub.exercise, task=task.task,
                 points=fmt_points(task.points), passed=int(task.passed),

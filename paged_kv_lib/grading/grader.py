@@ -375,7 +375,8 @@ def grade_notebook(
     tasks = find_tasks(pristine_nb)
     if sub_nb is None:
         report.error = load_error
-        report.tasks = [TaskResult(t.task, t.points, False, "submission is not a valid notebook") for t in tasks.values()]
+        reason = load_error.split(": ", 1)[1] if load_error.startswith(f"{submission}: ") else load_error
+        report.tasks = [TaskResult(t.task, t.points, False, reason) for t in tasks.values()]
         return report
     spliced, report.notes = splice(pristine_nb, sub_nb)
     prepared, roles = prepare_for_run(spliced)
@@ -387,7 +388,8 @@ def grade_notebook(
                 results = run_nbval(prepared, Path(tmp), cell_timeout, name=f"{report.exercise}.ipynb")
     except GradingError as exc:
         report.error = str(exc)
-        report.tasks = [TaskResult(t.task, t.points, False, "not graded (see error)") for t in tasks.values()]
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else "the grader failed"
+        report.tasks = [TaskResult(t.task, t.points, False, f"not graded: {line}") for t in tasks.values()]
         return report
     report.tasks = score(roles, tasks, results)
     other = [
