@@ -149,7 +149,9 @@ def summary_table(results: Sequence[BatchResult]) -> str:
         report = result.report
         failed = ", ".join(t.task for t in report.tasks if not t.passed)
         if report.error:
-            failed = (failed + "; " if failed else "") + first_line(report.error)
+            error = first_line(report.error)
+            error = error[len(f"{report.submission}: "):] if error.startswith(f"{report.submission}: ") else error
+            failed = (failed + "; " if failed else "") + error
         lines.append((
             result.submission.learner, report.exercise or result.submission.exercise,
             f"{fmt_points(report.earned)}/{fmt_points(report.points)}", failed or "-",

@@ -282,6 +282,10 @@ def run_nbval(
     n_code = sum(1 for c in nb.cells if c.get("cell_type") == "code")
     budget = KERNEL_STARTUP_TIMEOUT_S + 30 + n_code * (cell_timeout + 10)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    if env.get("PYTHONPATH"):  # the kernel runs in workdir: relative entries would point elsewhere
+        env["PYTHONPATH"] = os.pathsep.join(
+            str(Path(entry).resolve()) for entry in env["PYTHONPATH"].split(os.pathsep) if entry
+        )
     process = subprocess.Popen(
         command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
