@@ -245,15 +245,22 @@ def _match_by_content(
 
 
 def prepare_for_run(nb: NotebookNode) -> Tuple[NotebookNode, Dict[int, Tuple[str, str]]]:
-    """A copy for grading (outputs not compared) and a map: nbval cell number -> (task, role)."""
+    """A copy for grading and a map: nbval cell number -> (task, role).
+
+    Outputs are not compared (``nbval-ignore-output`` on every code cell): a check passes
+    on its ``PASSED`` line (see :mod:`.nbval_report`), so a learner's debugging prints do
+    not fail it. The pristine cells' own tags (``raises-exception``, ``nbval-skip``) stay.
+    """
     nb = copy.deepcopy(nb)
     roles: Dict[int, Tuple[str, str]] = {}
     code_index = 0
     for cell in nb.cells:
         if cell.get("cell_type") != "code":
             continue
-        tags = [t for t in cell.metadata.get("tags", []) if isinstance(t, str) and not t.startswith(("nbval-", "raises-"))]
-        cell.metadata["tags"] = tags + [_NBVAL_IGNORE_OUTPUT]
+        tags = list(cell.metadata.get("tags", []))
+        if _NBVAL_IGNORE_OUTPUT not in tags:
+            tags.append(_NBVAL_IGNORE_OUTPUT)
+        cell.metadata["tags"] = tags
         found = cell_task(cell)
         if found is not None:
             roles[code_index] = found
