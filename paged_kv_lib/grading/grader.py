@@ -324,8 +324,12 @@ def run_nbval(
 
 
 def _kill_group(process: subprocess.Popen) -> None:
+    """Kill pytest and whatever it started in its session (POSIX); just pytest elsewhere."""
+    killpg = getattr(os, "killpg", None)
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        if killpg is None:
+            raise ProcessLookupError
+        killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         process.kill()
 
