@@ -229,3 +229,39 @@ def test_identical_prompts_admitted_together_share_blocks(model, reference) -> N
     outputs = engine.run(progress=False)
     assert all(list(o.token_ids) == reference(BASE) for o in outputs)
     assert_clean(alloc)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_every_admission_leaves_the_watermark_free(model, reference, mode) -> None:
+    alloc = model.new_allocator(24, 4, num_cpu_blocks=64)
+    engine = Engine(model, alloc, watermark=0.2, preemption_mode=mode)  # keep 5 blocks free
+    ids = [engine.add_request(p, 20) for p in PROMPTS[1:]]
+    resumed = False
+    while engine.has_unfinished():
+        before = {r.request_id for r in engine.running}
+        stats = engine.step()
+        admitted = {r.request_id for r in engine.running} - before
+        if admitted:
+            assert alloc.num_free_blocks >= 5, stats
+            resumed |= any(r.num_preemptions for r in engine.running if r.request_id in admitted)
+    assert resumed  # a preempted request came back through admission too
+    outputs = {o.request_id: o for o in engine.run(progress=False)}  # collects the finished ones
+    for rid, prompt in zip(ids, PROMPTS[1:]):
+        assert list(outputs[rid].token_ids) == reference(prompt, 20)
+    assert_clean(alloc)
+
+
+def test_forked_samples_reserve_room_for_copy_on_write(model, reference) -> None:
+    """Two samples share a partial tail block: their next token needs a copy, not just a slot."""
+    alloc = model.new_allocator(6, 4)
+    engine = Engine(model, alloc, watermark=0.0)
+    first = list(range(60, 72))  # 3 full blocks: its next token needs a new block
+    engine.add_request(first, 5)
+    engine.add_request("fork", 3, n=2)  # 5 tokens: 1 full + 1 shared partial block
+    assert engine.step().blocks_used == 5
+    stats = engine.step()  # 2 blocks needed, 1 free: the forked request must give way
+    assert stats.preempted == 1
+    outputs = engine.run(progress=False)
+    assert list(outputs[0].token_ids) == generate_no_cache(model, first, 5)
+    assert [list(o) for o in outputs[1].outputs] == [reference("fork", 3)] * 2
+    assert_clean(alloc)

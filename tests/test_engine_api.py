@@ -101,7 +101,7 @@ def test_admission_keeps_the_watermark_and_first_come_first_served(model) -> Non
     engine = make_engine(model, num_blocks=20, block_size=4, watermark=0.25)
     big = engine.add_request(list(range(28)), 2)  # 7 blocks
     second = engine.add_request(list(range(1, 29)), 2)  # 7 more would leave 6: admitted
-    third = engine.add_request(list(range(2, 30)), 2)  # 7 more would leave -1: waits
+    third = engine.add_request(list(range(2, 22)), 2)  # 5 more would leave 1 < 5: waits
     small = engine.add_request([5, 6], 2)  # 1 block would fit, but it must not overtake
     stats = engine.step()
     assert stats.running == 2 and stats.waiting == 2
