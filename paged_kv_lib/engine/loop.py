@@ -1,170 +1,22 @@
-"""A continuous-batching inference engine driving the paged KV cache.
-
-Each :meth:`Engine.step` is one iteration of the serving loop:
-
-1. **Decode**: every running sequence gets one slot for its newest token (the allocator
-   adds a block or copies a shared one when needed). If the pool is short, the newest
-   running request is preempted, by recompute (free its blocks, requeue it at the front)
-   or by swap (move its K/V to the CPU pool). Then one forward pass over the whole batch,
-   one ``paged_attention`` call per layer, and one token sampled per sequence.
-2. **Admit**: waiting requests join first come, first served while the pool keeps a
-   watermark of free blocks. A new prompt's cached prefix is reused and only its tail is
-   computed (one ``paged_attention_extend`` call per layer for all admitted prompts);
-   ``n > 1`` samples then share the prompt through ``fork``.
-
-Requests can be added between steps: they join the running batch at the next one
-(iteration-level scheduling). Sampling draws once per generated position from a
-per-sample generator, so seeded results do not depend on the batch or on preemption.
-"""
+"""``Engine``: the serving loop (schedule, preempt, decode, admit, prefill) over one paged cache."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from enum import Enum
 from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._validate import as_count
-from .allocator import PagedKVCacheAllocator
-from .errors import OutOfBlocksError, PagedKVError
-from .model import (
-    TinyTransformer,
-    check_temperature,
-    decode,
-    encode,
-    sample_generator,
-    sample_token,
-)
+from .._validate import as_count
+from ..allocator import PagedKVCacheAllocator
+from ..model import TinyTransformer, check_temperature, encode, sample_generator, sample_token
+from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status
+from .stats import EngineTotals, StepStats
 
 PREEMPTION_MODES = ("recompute", "swap")
 Prompt = Union[str, Sequence[int]]
-
-
-class RequestTooLargeError(PagedKVError, ValueError):
-    """A request could not finish even with the whole pool to itself; ``needed``/``total`` in blocks."""
-
-    def __init__(self, message: str, needed: int, total: int) -> None:
-        super().__init__(message)
-        self.needed = needed
-        self.total = total
-
-
-class Status(Enum):
-    WAITING = "waiting"  # never run, or preempted by recompute
-    RUNNING = "running"
-    SWAPPED = "swapped"  # preempted by swap: its K/V waits in the CPU pool
-    FINISHED = "finished"
-
-
-@dataclass(eq=False)
-class Sample:
-    """One generated continuation of a request: a sequence in the allocator."""
-
-    index: int
-    seq_id: int
-    generator: torch.Generator
-    output: List[int] = field(default_factory=list)
-    finished: bool = False
-    # After a fork its last (partial) block may be shared, so its next token may need a
-    # copy-on-write block even when it does not cross a block boundary.
-    may_share_tail: bool = False
-
-
-@dataclass(eq=False)
-class Request:
-    """A prompt and how to continue it, plus its samples' progress."""
-
-    request_id: int
-    prompt: List[int]
-    max_new_tokens: int
-    n: int
-    temperature: float
-    seed: int
-    samples: List[Sample]
-    status: Status = Status.WAITING
-    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
-    num_preemptions: int = 0
-
-    @property
-    def started(self) -> bool:
-        """Whether the prompt was prefilled once (then every sample exists in its own right)."""
-        return bool(self.samples[0].output)
-
-    def live_samples(self) -> List[Sample]:
-        return [s for s in self.samples if not s.finished]
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """What a finished request produced: one list of new token ids per sample."""
-
-    request_id: int
-    prompt_ids: Tuple[int, ...]
-    outputs: Tuple[Tuple[int, ...], ...]
-    num_cached_tokens: int
-    num_preemptions: int
-
-    @property
-    def token_ids(self) -> Tuple[int, ...]:
-        """The first sample's new tokens."""
-        return self.outputs[0]
-
-    @property
-    def texts(self) -> List[str]:
-        return [decode(o) for o in self.outputs]
-
-    @property
-    def text(self) -> str:
-        """The first sample as text."""
-        return decode(self.outputs[0])
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """What one step did and the state it left: queues, blocks, tokens and speed."""
-
-    step: int
-    running: int
-    waiting: int
-    swapped: int
-    prefill_tokens: int  # prompt tokens computed (the cached prefix is not)
-    cached_tokens: int  # prompt tokens found in the prefix cache
-    decode_tokens: int
-    generated_tokens: int
-    preempted: int
-    blocks_used: int
-    blocks_cached: int  # free blocks that still hold a cached prefix
-    elapsed_s: float
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per second in this step."""
-        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
-
-
-@dataclass
-class EngineTotals:
-    """Counters over the engine's life, for benchmarks and the CLI."""
-
-    steps: int = 0
-    prefill_tokens: int = 0
-    cached_tokens: int = 0
-    decode_tokens: int = 0
-    generated_tokens: int = 0
-    preemptions: int = 0
-    peak_blocks_used: int = 0
-    elapsed_s: float = 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
 class Engine:
@@ -554,4 +406,3 @@ class Engine:
         self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
         self._retire_finished()
         return computed, cached_total, generated
-
