@@ -8,6 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 LAB_ARGS ?=
+# Parallel test workers (pytest-xdist); each notebook stays on one worker.
+JOBS ?= 2
+XDIST := -n $(JOBS) --dist loadfile
 
 .PHONY: install lab test test-fast test-notebooks test-browser exercises bench gpu-check clean
 
@@ -26,15 +29,15 @@ lab: install
 
 ## Every test: unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
 test: install
-	$(PY) -m pytest tests
-	$(PY) -m pytest lessons exercises/solutions $(NBVAL)
+	$(PY) -m pytest $(XDIST) tests
+	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)
 
 ## Unit and property tests only.
 test-fast: install
-	$(PY) -m pytest tests
+	$(PY) -m pytest $(XDIST) tests
 
 test-notebooks: install
-	$(PY) -m pytest lessons exercises/solutions $(NBVAL)
+	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)
 
 ## JupyterLab in headless Chromium (needs the system's chromium; see README).
 test-browser: install
