@@ -261,7 +261,9 @@ class TinyTransformer(nn.Module):
         ``chunks[i]`` holds the *last* ``len(chunks[i])`` tokens of sequence ``seq_ids[i]``,
         which the allocator must already count (the engine allocated or appended them).
         Their K/V goes to the slots the allocator maps them to (unless ``write[i]`` is
-        False: the prefix cache already holds it), then each token attends causally to
+        False: the prefix cache already holds it); those slots are the sequence's own,
+        since growing a sequence copies a shared last block first (copy-on-write inside
+        ``append_tokens``). Then each token attends causally to
         its sequence. One ``paged_attention`` call per layer when every chunk is one token
         (decode), else one ``paged_attention_extend`` call per layer. Returns
         ``[len(seq_ids), vocab]``.
