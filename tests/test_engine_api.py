@@ -183,3 +183,22 @@ def test_cli_generate_reports_an_impossible_request(capsys) -> None:
     code = cli_main(["generate", "x", "--max-new-tokens", "500", "--num-blocks", "4", "--random-weights", "--no-progress"])
     assert code == 2
     assert "can never fit" in capsys.readouterr().err
+
+
+def test_decode_step_makes_one_paged_attention_call_per_layer(model, monkeypatch) -> None:
+    import paged_kv_lib.model as model_module
+
+    calls = []
+    real = model_module.paged_attention
+
+    def counting(q, *args, **kwargs):
+        calls.append(q.shape[0])
+        return real(q, *args, **kwargs)
+
+    engine = make_engine(model, num_blocks=64)
+    for prompt in ("one", "two", "three"):
+        engine.add_request(prompt, 5)
+    engine.step()  # prefill (extend attention)
+    monkeypatch.setattr(model_module, "paged_attention", counting)
+    engine.step()  # decode
+    assert calls == [3] * model.config.num_layers  # the whole batch in each layer's one call
