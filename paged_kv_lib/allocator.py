@@ -174,6 +174,11 @@ class PagedKVCacheAllocator:
         return self.num_blocks - len(self._free)
 
     @property
+    def num_free_cpu_blocks(self) -> int:
+        """Free blocks in the CPU swap space."""
+        return len(self._cpu_free)
+
+    @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold findable content (they count as free)."""
         return sum(1 for _, block_id in self._prefix.items() if self._blocks[block_id].ref_count == 0)

@@ -305,7 +305,7 @@ class Engine:
         live = request.live_samples()
         # Each swapped sequence gets private CPU copies, even of blocks it shared.
         needed = sum(alloc.blocks_needed(alloc.get_num_tokens(s.seq_id)) for s in live)
-        if needed > alloc.stats().cpu_free_blocks:
+        if needed > alloc.num_free_cpu_blocks:
             return False
         for sample in live:
             alloc.swap_out(sample.seq_id)
