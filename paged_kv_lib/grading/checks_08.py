@@ -1,0 +1,284 @@
+"""Checks of exercise 08, measuring the win: Orca reservations, the five parts of a memory state, time averages.
+
+Expected values come from the library: ``reservation_size`` for the reservation rule, and for
+the other two tasks the simulator itself. Its scheduler serves small workloads here while a
+thin wrapper around the memory model records each step's state; the learner's function gets
+that state and must give the parts of the scheduler's own ``StepSnapshot``, or, from a run's
+snapshots, the averages of its ``SimResult``. A few tiny cases are verified by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
+
+from ..simulate import PARTS, StepSnapshot, make_memory, make_workload, run_schedule
+from ..simulate.reservation import RESERVATIONS, reservation_size
+from ._common import expect_equal, fail, passed
+
+Errors = Union[Type[BaseException], Tuple[Type[BaseException], ...]]
+Running = List[Tuple[int, int, int]]
+State = Tuple[int, Running, List[int], Optional[int]]  # capacity, running, free_holes, first_waiting
+
+
+def _call(fn: Callable[..., Any], args: Sequence[Any], call: str, expected: Any) -> Any:
+    """Run the learner's function; an exception other than NotImplementedError becomes a failure."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # the learner's bug, reported as a failed check
+        raise fail(call, expected, f"{type(exc).__name__}: {exc}",
+                   "your function raised instead of returning; read the error above") from exc
+
+
+def _expect_raises(fn: Callable[..., Any], args: Sequence[Any], call: str, errors: Errors, hint: str) -> None:
+    names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
+    try:
+        got = fn(*args)
+    except NotImplementedError:
+        raise
+    except errors:
+        return
+    except Exception as exc:
+        raise fail(call, f"a {names}", f"{type(exc).__name__}: {exc}", hint) from exc
+    raise fail(call, f"a {names}", f"it returned {got!r}", hint)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------- 08.1
+_RESERVATION_HINTS = {
+    "orca-max": "orca-max reserves the model's maximum length, max_len, whatever the request",
+    "orca-pow2": "orca-pow2 reserves prompt_len plus output_len rounded up to a power of two "
+                 "(1 -> 1, 25 -> 32, 32 -> 32, 33 -> 64), and never more than max_len",
+    "orca-oracle": "orca-oracle reserves exactly prompt_len + output_len",
+}
+
+
+def check_reservation_slots(reservation_slots: Callable[[str, int, int, int], int]) -> None:
+    """Task 08.1: ``reservation_slots(kind, prompt_len, output_len, max_len)``."""
+    hand = [  # (kind, prompt, output, max_len, expected), verified by hand
+        ("orca-max", 10, 5, 2048, 2048),
+        ("orca-oracle", 10, 25, 2048, 35),
+        ("orca-pow2", 10, 25, 2048, 42),     # the paper's example: 25 output tokens reserve 32
+        ("orca-pow2", 10, 32, 2048, 42),     # a power of two stays itself
+        ("orca-pow2", 10, 33, 2048, 74),
+        ("orca-pow2", 7, 1, 2048, 8),
+        ("orca-pow2", 1500, 500, 2048, 2012),
+        ("orca-pow2", 1500, 548, 2048, 2048),  # 1500 + 1024 would pass the maximum: capped
+    ]
+    cases = [(k, p, o, m) for k, p, o, m, _ in hand]
+    for kind in RESERVATIONS:
+        for max_len in (2048, 300, 4096):
+            for p in (1, 2, 3, 100, 255, max_len // 2, max_len - 1):
+                for o in (1, 2, 3, 4, 5, 15, 16, 17, 31, 32, 33, 100, 127, 128, 129, 1000, 1024, 1025, 2047):
+                    if p + o <= max_len:
+                        cases.append((kind, p, o, max_len))
+    for kind, p, o, max_len in cases:
+        want = reservation_size(kind, p, o, max_len)
+        call = f"reservation_slots({kind!r}, prompt_len={p}, output_len={o}, max_len={max_len})"
+        got = _call(reservation_slots, (kind, p, o, max_len), call, want)
+        if not _is_int(got):
+            raise fail(call, want, got, "return an int, a number of slots (math.pow and ** with floats "
+                                        "give floats; int.bit_length gives exact powers of two)")
+        expect_equal(call, want, got, _RESERVATION_HINTS[kind])
+    for kind in ("orca-min", "paged", "ORCA-MAX"):
+        call = f"reservation_slots({kind!r}, prompt_len=10, output_len=5, max_len=2048)"
+        _expect_raises(reservation_slots, (kind, 10, 5, 2048), call, ValueError,
+                       "an unknown kind must raise ValueError, not return a number (or None)")
+    passed("08.1")
+
+
+# --------------------------------------------------------------------------- 08.2
+class _Recorder:
+    """Wraps a simulator memory model and keeps the scheduler's running list and waiting queue."""
+
+    def __init__(self, memory: Any) -> None:
+        self.memory = memory
+        self.running: list = []
+        self.waiting: Any = ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.memory, name)
+
+    def generate(self, running: list, waiting: Any, step: int) -> None:
+        self.running, self.waiting = running, waiting
+        self.memory.generate(running, waiting, step)
+
+
+def _state_of(memory: Any, kind: str, running: list, waiting: Any, step: int) -> State:
+    """The learner's inputs for the scheduler's state right after ``step``'s generation."""
+    if kind == "paged":
+        alloc, size = memory.allocator, memory.block_size
+        rows = [(alloc.get_num_tokens(j.rid), j.final_len, len(alloc.get_block_mapping(j.rid)) * size)
+                for j in running]
+        free_slots = alloc.num_free_blocks * size
+        holes = [free_slots] if free_slots else []
+        first = alloc.blocks_needed(waiting[0].prefill + 1) * size if waiting else None
+    else:
+        regions = memory.allocator.allocations
+        rows = [(j.tokens_at(step), j.final_len, regions[j.start]) for j in running]
+        holes = [size for _, size in memory.allocator.holes]
+        first = None
+        if waiting:
+            r = waiting[0].request
+            first = memory.allocator.footprint(reservation_size(kind, r.prompt_len, r.output_len, memory.max_len))
+    return memory.capacity, rows, holes, first
+
+
+_RUNS = [  # (workload, requests, seed, capacity, allocator, block size, fit, max_len)
+    ("sharegpt", 24, 1, 4096, "orca-pow2", 16, "buddy", 1024),
+    ("sharegpt", 24, 2, 4000, "orca-oracle", 16, "first-fit", 1024),
+    ("sharegpt", 16, 3, 4096, "orca-max", 16, "buddy", 1024),
+    ("sharegpt", 24, 4, 4100, "paged", 16, "buddy", 1024),
+    ("alpaca", 150, 5, 1500, "paged", 7, "buddy", 512),
+    ("alpaca", 150, 6, 1500, "orca-oracle", 16, "best-fit", 512),
+]
+
+
+def _simulated_states() -> Iterator[Tuple[str, State, StepSnapshot]]:
+    """(description, learner inputs, the scheduler's snapshot) for the steps of a few small runs."""
+    for name, n, seed, capacity, kind, block_size, fit, max_len in _RUNS:
+        workload = make_workload(name, n, seed=seed, max_len=max_len)
+        memory = _Recorder(make_memory(kind, capacity, block_size=block_size, max_len=max_len, fit=fit))
+        found: List[Tuple[State, StepSnapshot]] = []
+
+        def record(snap: StepSnapshot) -> None:
+            found.append((_state_of(memory.memory, kind, memory.running, memory.waiting, snap.step), snap))
+
+        run_schedule(workload, memory, on_step=record)
+        where = f"{kind}" + (f" B={block_size}" if kind == "paged" else f" ({fit})")
+        for state, snap in found:
+            yield f"{name}-like run, {where}, capacity {capacity}, step {snap.step}", state, snap
+
+
+def _hand_states() -> List[Tuple[str, State, Dict[str, int]]]:
+    def parts(tokens: int, reserved: int, internal: int, external: int, free: int) -> Dict[str, int]:
+        return dict(zip(PARTS, (tokens, reserved, internal, external, free)))
+
+    return [
+        ("one request, nobody waits", (100, [(10, 20, 32)], [68], None), parts(10, 10, 12, 0, 68)),
+        ("a waiting request blocked by holes", (64, [(5, 10, 16), (3, 3, 16)], [16, 16], 32), parts(8, 5, 19, 32, 0)),
+        ("a waiting request too big even for all free slots", (64, [(5, 10, 16), (3, 3, 16)], [16, 16], 40),
+         parts(8, 5, 19, 0, 32)),
+        ("a waiting request that fits a hole", (64, [(5, 10, 16), (3, 3, 16)], [16, 16], 16), parts(8, 5, 19, 0, 32)),
+        ("memory full, a request waits", (32, [(20, 40, 32)], [], 8), parts(20, 12, 0, 0, 0)),
+        ("paged: slots past the last whole block", (100, [(20, 40, 32)], [64], None), parts(20, 12, 4, 0, 64)),
+        ("paged: last block reaches past the final length", (64, [(30, 35, 48)], [16], 16), parts(30, 5, 13, 0, 16)),
+        ("nothing running", (100, [], [100], 50), parts(0, 0, 0, 0, 100)),
+    ]
+
+
+_PART_HINTS = {
+    "token_states": "token_states is the sum of the tokens every running request holds",
+    "reserved": "reserved counts held slots a request will still fill: min(slots, final_len) - held",
+    "internal": "internal counts held slots never filled, slots - min(slots, final_len), plus every slot "
+                "that is neither held nor in a free hole (capacity - held slots - free slots)",
+    "external": "all free slots are external when the first waiting request needs no more than all free "
+                "slots together but more than the largest hole; otherwise external is 0",
+    "free": "free is every free slot that is not counted as external",
+}
+
+
+def _compare_parts(call: str, want: Dict[str, int], got: Any) -> None:
+    if not isinstance(got, dict) or set(got) != set(PARTS):
+        raise fail(call, want, got, f"return a dict with exactly the keys {list(PARTS)}")
+    for key in PARTS:
+        if not _is_int(got[key]):
+            raise fail(call, want, got, f"every value is a number of slots, an int; {key!r} is {got[key]!r}")
+    for key in PARTS:
+        if got[key] != want[key]:
+            raise fail(call, want, got, f"{key!r} differs: {_PART_HINTS[key]}")
+
+
+def _show(state: State) -> str:
+    capacity, running, holes, first = state
+    shown = running if len(running) <= 6 else running[:6] + ["..."]
+    hole_text = holes if len(holes) <= 8 else holes[:8] + ["..."]
+    return (f"memory_parts(capacity={capacity}, running={shown} ({len(running)} running), "
+            f"free_holes={hole_text}, first_waiting={first})")
+
+
+def check_memory_parts(memory_parts: Callable[[int, Running, List[int], Optional[int]], Dict[str, int]]) -> None:
+    """Task 08.2: ``memory_parts(capacity, running, free_holes, first_waiting)`` -> the five parts."""
+    for what, state, want in _hand_states():
+        call = f"{_show(state)}   [{what}]"
+        capacity, running, holes, first = state
+        got = _call(memory_parts, (capacity, list(running), list(holes), first), call, want)
+        _compare_parts(call, want, got)
+    for what, state, snap in _simulated_states():
+        want = {key: getattr(snap, key) for key in PARTS}
+        call = f"{_show(state)}   [{what}]"
+        capacity, running, holes, first = state
+        got = _call(memory_parts, (capacity, list(running), list(holes), first), call, want)
+        _compare_parts(call, want, got)
+    passed("08.2")
+
+
+# --------------------------------------------------------------------------- 08.3
+_AVERAGE_KEYS = PARTS + ("mean_batch",)
+
+
+def _snap(step: int, parts: Sequence[int], running: int, waiting: int) -> StepSnapshot:
+    return StepSnapshot(step, *parts, running=running, waiting=waiting)
+
+
+def _averaging_cases() -> Iterator[Tuple[str, List[StepSnapshot], int, Dict[str, float]]]:
+    # By hand: two loaded steps (waiting > 0) among unloaded ones; only the loaded count.
+    snaps = [
+        _snap(0, (10, 20, 30, 0, 40), running=1, waiting=0),
+        _snap(1, (40, 20, 20, 20, 0), running=4, waiting=3),
+        _snap(2, (60, 10, 30, 0, 0), running=6, waiting=1),
+        _snap(3, (50, 0, 0, 0, 50), running=5, waiting=0),
+    ]
+    want = {"token_states": 0.5, "reserved": 0.15, "internal": 0.25, "external": 0.1, "free": 0.0, "mean_batch": 5.0}
+    yield "four hand-made steps, two of them loaded (capacity 100)", snaps, 100, want
+    # Nobody ever waits: every step counts.
+    snaps = [_snap(0, (10, 0, 6, 0, 84), 2, 0), _snap(1, (30, 4, 2, 0, 64), 3, 0)]
+    want = {"token_states": 0.2, "reserved": 0.02, "internal": 0.04, "external": 0.0, "free": 0.74, "mean_batch": 2.5}
+    yield "two hand-made steps, nobody waiting (capacity 100)", snaps, 100, want
+    # The simulator: its SimResult is the reference.
+    runs = [
+        ("sharegpt", 40, 0, None, 6000, "orca-oracle", 16),
+        ("sharegpt", 40, 0, None, 6000, "paged", 16),
+        ("alpaca", 200, 1, None, 2000, "orca-pow2", 16),
+        ("alpaca", 60, 2, 0.05, 15728, "paged", 16),  # arrivals too slow to load the cache
+    ]
+    for name, n, seed, rate, capacity, kind, block_size in runs:
+        workload = make_workload(name, n, seed=seed, rate=rate)
+        snaps: List[StepSnapshot] = []
+        result = run_schedule(workload, make_memory(kind, capacity, block_size=block_size), on_step=snaps.append)
+        want = {key: getattr(result, key) for key in _AVERAGE_KEYS}
+        what = (f"the {len(snaps)} snapshots of a run of {name}-like requests under {kind}, capacity {capacity}"
+                f" ({'some' if result.window == 'loaded' else 'no'} loaded steps)")
+        yield what, snaps, capacity, want
+
+
+def check_time_averaged(time_averaged: Callable[[List[StepSnapshot], int], Dict[str, float]]) -> None:
+    """Task 08.3: ``time_averaged(snapshots, capacity)`` -> the averaged fractions and the mean batch."""
+    for what, snaps, capacity, want in _averaging_cases():
+        call = f"time_averaged(<{what}>, capacity={capacity})"
+        got = _call(time_averaged, (list(snaps), capacity), call, want)
+        if not isinstance(got, dict) or set(got) != set(_AVERAGE_KEYS):
+            raise fail(call, want, got, f"return a dict with exactly the keys {list(_AVERAGE_KEYS)}")
+        for key in _AVERAGE_KEYS:
+            value = got[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise fail(call, want, got, f"{key!r} must be a finite number, got {value!r}")
+        bad = [k for k in _AVERAGE_KEYS if not math.isclose(got[k], want[k], rel_tol=1e-9, abs_tol=1e-12)]
+        if bad:
+            if any(got[k] > 1.0 + 1e-9 for k in PARTS):
+                hint = "the parts are fractions of the capacity (0 to 1): divide each average by capacity"
+            elif any(s.waiting for s in snaps):
+                hint = ("average only the loaded steps, those with waiting > 0, parts and mean_batch alike; "
+                        "every loaded step weighs the same")
+            else:
+                hint = "no step is loaded here, so average over every snapshot"
+            raise fail(call, want, got, f"{bad} differ; {hint}")
+    call = "time_averaged([], capacity=100)"
+    _expect_raises(time_averaged, ([], 100), call, ValueError,
+                   "with no snapshots there is nothing to average: raise ValueError")
+    passed("08.3")

@@ -1,0 +1,168 @@
+"""Exercise 08's checks bite: correct solutions pass with the one success line, planted wrong ones fail."""
+
+from __future__ import annotations
+
+import pytest
+
+from paged_kv_lib.grading import check_memory_parts, check_reservation_slots, check_time_averaged
+
+
+def passes(check, fn, task, capsys) -> None:
+    check(fn)
+    assert capsys.readouterr().out == f"PASSED {task}\n"
+
+
+def fails(check, fn) -> str:
+    with pytest.raises(AssertionError) as info:
+        check(fn)
+    return str(info.value)
+
+
+def not_implemented(*args, **kwargs):
+    raise NotImplementedError("Task: replace this line with your code")
+
+
+@pytest.mark.parametrize("check", [check_reservation_slots, check_memory_parts, check_time_averaged])
+def test_an_untouched_task_raises_not_implemented(check):
+    with pytest.raises(NotImplementedError):
+        check(not_implemented)
+
+
+# --------------------------------------------------------------------------- 08.1
+def reservation_slots(kind, prompt_len, output_len, max_len):
+    if kind == "orca-max":
+        return max_len
+    if kind == "orca-pow2":
+        return min(prompt_len + (1 << (output_len - 1).bit_length()), max_len)
+    if kind == "orca-oracle":
+        return prompt_len + output_len
+    raise ValueError(f"unknown reservation kind {kind!r}")
+
+
+def test_reservation_slots_correct(capsys):
+    passes(check_reservation_slots, reservation_slots, "08.1", capsys)
+
+
+def pow2_of_total(kind, p, o, m):  # rounds prompt + output, not the output alone
+    return min(1 << (p + o - 1).bit_length(), m) if kind == "orca-pow2" else reservation_slots(kind, p, o, m)
+
+
+def pow2_uncapped(kind, p, o, m):  # forgets the maximum length
+    return p + (1 << (o - 1).bit_length()) if kind == "orca-pow2" else reservation_slots(kind, p, o, m)
+
+
+def pow2_one_too_far(kind, p, o, m):  # 32 -> 64: bit_length of o instead of o - 1
+    return min(p + (1 << o.bit_length()), m) if kind == "orca-pow2" else reservation_slots(kind, p, o, m)
+
+
+def pow2_float(kind, p, o, m):  # math.pow gives a float
+    import math
+
+    return min(p + math.pow(2, math.ceil(math.log2(o))), m) if kind == "orca-pow2" else reservation_slots(kind, p, o, m)
+
+
+def max_is_total(kind, p, o, m):  # orca-max reserving the request's own length
+    return p + o if kind == "orca-max" else reservation_slots(kind, p, o, m)
+
+
+def unknown_returns_none(kind, p, o, m):
+    if kind in ("orca-max", "orca-pow2", "orca-oracle"):
+        return reservation_slots(kind, p, o, m)
+    return None
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [pow2_of_total, pow2_uncapped, pow2_one_too_far, pow2_float, max_is_total, unknown_returns_none],
+)
+def test_reservation_slots_wrong(wrong):
+    fails(check_reservation_slots, wrong)
+
+
+# --------------------------------------------------------------------------- 08.2
+def memory_parts(capacity, running, free_holes, first_waiting, *, variant=None):
+    tokens = sum(held for held, _, _ in running)
+    filled_by_end = [min(slots, final_len) for _, final_len, slots in running]
+    if variant == "reserved-to-final":
+        filled_by_end = [final_len for _, final_len, _ in running]
+    reserved = sum(f - held for f, (held, _, _) in zip(filled_by_end, running))
+    held_slots = sum(slots for _, _, slots in running)
+    free_total = sum(free_holes)
+    internal = held_slots - sum(filled_by_end)
+    if variant != "no-unusable":
+        internal += capacity - held_slots - free_total
+    largest = max(free_holes) if variant == "max-of-empty" else max(free_holes, default=0)
+    if first_waiting is None:
+        blocked = False
+    elif variant == "no-total-condition":
+        blocked = first_waiting > largest
+    else:
+        blocked = largest < first_waiting <= free_total
+    external = free_total if blocked else 0
+    if variant == "partial-external" and blocked:
+        external = free_total - largest
+    return {"token_states": tokens, "reserved": reserved, "internal": internal,
+            "external": external, "free": free_total - external}
+
+
+def test_memory_parts_correct(capsys):
+    passes(check_memory_parts, memory_parts, "08.2", capsys)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["reserved-to-final", "no-unusable", "max-of-empty", "no-total-condition", "partial-external"],
+)
+def test_memory_parts_wrong(variant):
+    fails(check_memory_parts, lambda *args: memory_parts(*args, variant=variant))
+
+
+def test_memory_parts_wants_ints_and_the_five_keys():
+    def as_fractions(capacity, running, free_holes, first_waiting):
+        parts = memory_parts(capacity, running, free_holes, first_waiting)
+        return {key: value / capacity for key, value in parts.items()}
+
+    def short_keys(*args):
+        parts = memory_parts(*args)
+        return {"tokens": parts.pop("token_states"), **parts}
+
+    assert "int" in fails(check_memory_parts, as_fractions)
+    assert "keys" in fails(check_memory_parts, short_keys)
+
+
+# --------------------------------------------------------------------------- 08.3
+PARTS = ("token_states", "reserved", "internal", "external", "free")
+
+
+def time_averaged(snapshots, capacity, *, variant=None):
+    if not snapshots:
+        if variant == "no-empty-check":
+            return {key: 0.0 for key in PARTS + ("mean_batch",)}
+        raise ValueError("no snapshots to average")
+    loaded = [s for s in snapshots if s.waiting > 0]
+    if variant == "all-steps":
+        window = list(snapshots)
+    elif variant == "no-fallback":
+        window = loaded
+    else:
+        window = loaded or list(snapshots)
+    out = {key: sum(getattr(s, key) for s in window) / len(window) / capacity for key in PARTS}
+    if variant == "percent":
+        out = {key: 100 * value for key, value in out.items()}
+    batch_window = list(snapshots) if variant == "batch-over-all" else window
+    out["mean_batch"] = sum(s.running for s in batch_window) / len(batch_window)
+    return out
+
+
+def test_time_averaged_correct(capsys):
+    passes(check_time_averaged, time_averaged, "08.3", capsys)
+
+
+@pytest.mark.parametrize("variant", ["all-steps", "no-fallback", "percent", "batch-over-all", "no-empty-check"])
+def test_time_averaged_wrong(variant):
+    fails(check_time_averaged, lambda snaps, cap: time_averaged(snaps, cap, variant=variant))
+
+
+def test_time_averaged_hint_names_the_loaded_steps():
+    message = fails(check_time_averaged, lambda snaps, cap: time_averaged(snaps, cap, variant="all-steps"))
+    assert "waiting > 0" in message
