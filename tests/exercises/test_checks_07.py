@@ -1,0 +1,257 @@
+"""Exercise 07's checks bite: correct solutions pass with the one success line, planted wrong ones fail."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from paged_kv_lib.grading import check_admit_fcfs, check_choose_victims, check_preemption_cost
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def passes(check, fn, task, capsys) -> None:
+    check(fn)
+    assert capsys.readouterr().out == f"PASSED {task}\n"
+
+
+def fails(check, fn) -> str:
+    with pytest.raises(AssertionError) as info:
+        check(fn)
+    return str(info.value)
+
+
+def not_implemented(*args, **kwargs):
+    raise NotImplementedError("Task: replace this line with your code")
+
+
+@pytest.mark.parametrize("check", [check_admit_fcfs, check_choose_victims, check_preemption_cost])
+def test_an_untouched_task_raises_not_implemented(check):
+    with pytest.raises(NotImplementedError):
+        check(not_implemented)
+
+
+# --------------------------------------------------------------------------- 07.1
+def admit_fcfs(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    admitted = 0
+    for need in prompt_blocks:
+        if admitted == batch_slots or free_blocks - need < watermark * total_blocks:
+            break
+        free_blocks -= need
+        admitted += 1
+    return admitted
+
+
+def test_admit_fcfs_correct(capsys):
+    passes(check_admit_fcfs, admit_fcfs, "07.1", capsys)
+
+
+def skips_ahead(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    admitted = 0
+    for need in prompt_blocks:
+        if admitted < batch_slots and free_blocks - need >= watermark * total_blocks:
+            free_blocks -= need
+            admitted += 1
+    return admitted
+
+
+def no_watermark(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    return admit_fcfs(prompt_blocks, free_blocks, total_blocks, 0.0, batch_slots)
+
+
+def strict_inequality(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    admitted = 0
+    for need in prompt_blocks:
+        if admitted == batch_slots or free_blocks - need <= watermark * total_blocks:
+            break
+        free_blocks -= need
+        admitted += 1
+    return admitted
+
+
+def never_takes_the_blocks(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    admitted = 0
+    for need in prompt_blocks:
+        if admitted == batch_slots or free_blocks - need < watermark * total_blocks:
+            break
+        admitted += 1
+    return admitted
+
+
+def floors_the_watermark(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    admitted = 0
+    for need in prompt_blocks:
+        if admitted == batch_slots or free_blocks - need < int(watermark * total_blocks):
+            break
+        free_blocks -= need
+        admitted += 1
+    return admitted
+
+
+def ignores_batch_slots(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    return admit_fcfs(prompt_blocks, free_blocks, total_blocks, watermark, len(prompt_blocks))
+
+
+def pops_the_queue(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    admitted = 0
+    while prompt_blocks and admitted < batch_slots and free_blocks - prompt_blocks[0] >= watermark * total_blocks:
+        free_blocks -= prompt_blocks.pop(0)
+        admitted += 1
+    return admitted
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [skips_ahead, no_watermark, strict_inequality, never_takes_the_blocks, floors_the_watermark,
+     ignores_batch_slots, pops_the_queue],
+)
+def test_admit_fcfs_wrong(wrong):
+    fails(check_admit_fcfs, wrong)
+
+
+# --------------------------------------------------------------------------- 07.2
+def choose_victims(running, free_blocks, *, newest=True, free_victims=True, reserve=True):
+    """The solution, with switches that plant one bug each."""
+    running = list(running)
+    preempted, reserved, index = [], 0, 0
+    while index < len(running):
+        _, _, need = running[index]
+        if need <= free_blocks - (reserved if reserve else 0):
+            reserved += need
+            index += 1
+            continue
+        victim_id, victim_blocks, _ = running.pop() if newest else running.pop(0)
+        if not newest and index > 0:
+            index -= 1  # the list shifted left under us
+        preempted.append(victim_id)
+        if free_victims:
+            free_blocks += victim_blocks
+    return preempted
+
+
+def test_choose_victims_correct(capsys):
+    passes(check_choose_victims, choose_victims, "07.2", capsys)
+
+
+def preempts_the_asker(running, free_blocks):
+    """Preempts the request that needs a block instead of the newest one."""
+    running = list(running)
+    preempted, reserved, index = [], 0, 0
+    while index < len(running):
+        request_id, held, need = running[index]
+        if need <= free_blocks - reserved:
+            reserved += need
+            index += 1
+        else:
+            running.pop(index)
+            preempted.append(request_id)
+            free_blocks += held
+    return preempted
+
+
+def one_victim_at_most(running, free_blocks):
+    running = list(running)
+    preempted, reserved, index = [], 0, 0
+    while index < len(running):
+        request_id, _, need = running[index]
+        if need > free_blocks - reserved and not preempted:
+            victim_id, victim_blocks, _ = running.pop()
+            preempted.append(victim_id)
+            free_blocks += victim_blocks
+            if victim_id == request_id:
+                break
+        reserved += need
+        index += 1
+    return preempted
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda r, f: choose_victims(r, f, newest=False),        # preempts the oldest
+        lambda r, f: choose_victims(r, f, free_victims=False),  # a victim's blocks never come back
+        lambda r, f: choose_victims(r, f, reserve=False),       # forgets what earlier requests reserved
+        preempts_the_asker,
+        one_victim_at_most,
+        lambda r, f: [rid for rid, _, _ in reversed(choose_victims_order(r, f))],  # right set, wrong order
+    ],
+    ids=["oldest", "no-free", "no-reserve", "asker", "one-victim", "order"],
+)
+def test_choose_victims_wrong(wrong):
+    fails(check_choose_victims, wrong)
+
+
+def choose_victims_order(running, free_blocks):
+    ids = choose_victims(running, free_blocks)
+    by_id = {r[0]: r for r in running}
+    return [by_id[i] for i in ids]
+
+
+# --------------------------------------------------------------------------- 07.3
+def preemption_cost(prompt_len, num_generated, block_size, mode):
+    held = math.ceil((prompt_len + num_generated - 1) / block_size)
+    if mode == "recompute":
+        tokens = prompt_len + num_generated
+        return {"freed_blocks": held, "blocks_copied": 0, "prefill_tokens": tokens,
+                "blocks_on_resume": math.ceil(tokens / block_size)}
+    return {"freed_blocks": held, "blocks_copied": 2 * held, "prefill_tokens": 0, "blocks_on_resume": held}
+
+
+def test_preemption_cost_correct(capsys):
+    passes(check_preemption_cost, preemption_cost, "07.3", capsys)
+
+
+def counts_the_unfed_token(prompt_len, num_generated, block_size, mode):
+    return preemption_cost(prompt_len + 1, num_generated, block_size, mode) | (
+        {"prefill_tokens": prompt_len + num_generated} if mode == "recompute" else {})
+
+
+def recomputes_only_the_prompt(prompt_len, num_generated, block_size, mode):
+    cost = preemption_cost(prompt_len, num_generated, block_size, mode)
+    if mode == "recompute":
+        cost["prefill_tokens"] = prompt_len
+        cost["blocks_on_resume"] = math.ceil(prompt_len / block_size)
+    return cost
+
+
+def swap_copies_one_way(prompt_len, num_generated, block_size, mode):
+    cost = preemption_cost(prompt_len, num_generated, block_size, mode)
+    if mode == "swap":
+        cost["blocks_copied"] //= 2
+    return cost
+
+
+def recompute_resumes_with_held_blocks(prompt_len, num_generated, block_size, mode):
+    cost = preemption_cost(prompt_len, num_generated, block_size, mode)
+    cost["blocks_on_resume"] = cost["freed_blocks"]
+    return cost
+
+
+def floor_division(prompt_len, num_generated, block_size, mode):
+    held = (prompt_len + num_generated - 1) // block_size
+    tokens = prompt_len + num_generated
+    if mode == "recompute":
+        return {"freed_blocks": held, "blocks_copied": 0, "prefill_tokens": tokens,
+                "blocks_on_resume": tokens // block_size}
+    return {"freed_blocks": held, "blocks_copied": 2 * held, "prefill_tokens": 0, "blocks_on_resume": held}
+
+
+def extra_key(prompt_len, num_generated, block_size, mode):
+    return preemption_cost(prompt_len, num_generated, block_size, mode) | {"mode": mode}
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [counts_the_unfed_token, recomputes_only_the_prompt, swap_copies_one_way, recompute_resumes_with_held_blocks,
+     floor_division, extra_key],
+)
+def test_preemption_cost_wrong(wrong):
+    fails(check_preemption_cost, wrong)
