@@ -52,10 +52,13 @@ def _table_text(table: BlockTable) -> str:
     return f"BlockTable(block_ids={table.block_ids}, num_tokens={table.num_tokens})"
 
 
-def _scenarios() -> Iterator[PagedKVCacheAllocator]:
+def _scenarios(num_heads: int = 1, head_dim: int = 1, allocate_cache: bool = False) -> Iterator[PagedKVCacheAllocator]:
     """Allocators in varied states: scattered blocks, full last blocks, a reserved empty block, empty sequences."""
+    def make(num_blocks: int, block_size: int) -> PagedKVCacheAllocator:
+        return PagedKVCacheAllocator(num_blocks, block_size, num_heads, head_dim, allocate_cache=allocate_cache)
+
     # Lesson 02's pool: sequence 3 lives in blocks 8, 9, 4, 3.
-    a = PagedKVCacheAllocator(10, 4, 1, 1, allocate_cache=False)
+    a = make(10, 4)
     a.allocate_for_sequence(0, 10)
     a.allocate_for_sequence(1, 5)
     a.allocate_for_sequence(2, 7)
@@ -64,7 +67,7 @@ def _scenarios() -> Iterator[PagedKVCacheAllocator]:
     a.allocate_for_sequence(3, 14)
     yield a
     # Full blocks, a block reserved ahead (8 tokens in 3 blocks), an empty sequence.
-    b = PagedKVCacheAllocator(12, 4, 1, 1, allocate_cache=False)
+    b = make(12, 4)
     b.allocate_for_sequence(5, 8)
     b.append_block_to_sequence(5)
     b.allocate_for_sequence(6, 0)
@@ -72,13 +75,13 @@ def _scenarios() -> Iterator[PagedKVCacheAllocator]:
     b.allocate_for_sequence(8, 1)
     yield b
     # Block size 1 and block size 16, after frees.
-    c = PagedKVCacheAllocator(9, 1, 1, 1, allocate_cache=False)
+    c = make(9, 1)
     c.allocate_for_sequence(0, 3)
     c.allocate_for_sequence(1, 2)
     c.free_sequence(0)
     c.allocate_for_sequence(2, 5)
     yield c
-    d = PagedKVCacheAllocator(8, 16, 1, 1, allocate_cache=False)
+    d = make(8, 16)
     d.allocate_for_sequence(0, 40)
     d.allocate_for_sequence(1, 17)
     d.free_sequence(0)
@@ -87,7 +90,7 @@ def _scenarios() -> Iterator[PagedKVCacheAllocator]:
     yield d
     # Block size 3, random growth and frees (seeded).
     rng = random.Random(2)
-    e = PagedKVCacheAllocator(30, 3, 1, 1, allocate_cache=False)
+    e = make(30, 3)
     live: List[int] = []
     for seq_id in range(12):
         e.allocate_for_sequence(seq_id, rng.randrange(0, 8))
