@@ -223,7 +223,8 @@ def test_grade_restores_deleted_checks_matches_lost_metadata_and_needs_the_pass_
                      drop_checks=("90.1",), drop_meta=("90.2",))
     path = write(sub, tmp_path / "90_demo.ipynb")
     start = time.monotonic()
-    code = cli.main(["grade", str(path), "--pristine", str(PRISTINE), "--timeout", str(TIMEOUT)])
+    # The committed learner version as the pristine copy: its points metadata reaches the table.
+    code = cli.main(["grade", str(path), "--pristine", str(LEARNER), "--timeout", str(TIMEOUT)])
     out = capsys.readouterr().out
     assert code == 1, out
     assert time.monotonic() - start < 120
