@@ -355,16 +355,18 @@ class PagedKVCacheAllocator:
         of blocks newly placed in the table (an empty tuple on most decode steps).
         ``token_ids`` are the new tokens, so blocks that fill up become cacheable.
         """
-        table = self._tables.get(seq_id)
+        try:
+            table = self._tables[seq_id]
+        except KeyError:
+            raise self._missing(seq_id) from None
         # Fast path, most decode steps: room in an unshared last block, no content tracking.
-        if table is not None and token_ids is None and type(num_tokens) is int and num_tokens >= 0:
+        if token_ids is None and type(num_tokens) is int:
             new_len = table.num_tokens + num_tokens
-            if new_len <= table.append_limit:
+            if table.num_tokens <= new_len <= table.append_limit:
                 table.num_tokens = new_len
                 return _NO_NEW_BLOCKS
-        if table is None:
-            raise self._missing(seq_id)
-        num_tokens = as_count(num_tokens, "num_tokens")
+        if type(num_tokens) is not int or num_tokens < 0:
+            num_tokens = as_count(num_tokens, "num_tokens")
         return self._grow(seq_id, table, num_tokens, token_ids)
 
     # ------------------------------------------------- address translation, K/V
@@ -674,7 +676,7 @@ class PagedKVCacheAllocator:
 
     def _grow(self, seq_id: int, table: BlockTable, num_tokens: int, token_ids: TokenIds) -> Tuple[int, ...]:
         """The slow path of ``append_tokens``: copy-on-write, new blocks, new content keys."""
-        tokens = self._token_list(token_ids, num_tokens)
+        tokens = None if token_ids is None else self._token_list(token_ids, num_tokens)
         if table.token_ids is None:
             tokens = None
         old_len = table.num_tokens
@@ -691,7 +693,6 @@ class PagedKVCacheAllocator:
         table.block_ids.extend(new_ids)
         placed.extend(new_ids)
         table.num_tokens = new_len
-        self._refresh_limit(table)
         if tokens is None:
             table.token_ids = None  # the content is unknown from here on: no more keys
         else:
