@@ -35,7 +35,7 @@ def write_slots(
 
 def gather_tokens(cache: torch.Tensor, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """Read ``num_tokens`` tokens stored in ``block_ids`` back as ``[num_tokens, H, D]``."""
-    num_heads, block_size, head_dim = cache.shape[1], cache.shape[2], cache.shape[3]
+    num_heads, head_dim = cache.shape[1], cache.shape[3]
     blocks = cache.index_select(0, block_ids)  # [nb, H, bs, D]
     tokens = blocks.permute(0, 2, 1, 3).reshape(-1, num_heads, head_dim)
     return tokens[:num_tokens].contiguous()

@@ -8,44 +8,13 @@ states here, never from stored answers, except a few tiny cases verified by hand
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Iterator, List, Sequence, Tuple, Type, Union
+from typing import Callable, Iterator, List, Tuple
 
 from ..allocator import PagedKVCacheAllocator
 from ..block_table import BlockTable
 from ..viz import snapshot
-from ._common import expect_equal, fail, passed
+from ._common import call_learner, expect_equal, expect_raises, fail, is_int, passed
 
-Errors = Union[Type[BaseException], Tuple[Type[BaseException], ...]]
-
-
-def _call(fn: Callable[..., Any], args: Sequence[Any], call: str, expected: Any) -> Any:
-    """Run the learner's function; an exception other than NotImplementedError becomes a failure."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # the learner's bug, reported as a failed check
-        raise fail(call, expected, f"{type(exc).__name__}: {exc}",
-                   "your function raised instead of returning; read the error above") from exc
-
-
-def _expect_raises(fn: Callable[..., Any], args: Sequence[Any], call: str, errors: Errors,
-                   hint: str) -> BaseException:
-    """The learner's function must raise one of ``errors`` for these arguments."""
-    names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
-    try:
-        got = fn(*args)
-    except NotImplementedError:
-        raise
-    except errors as exc:
-        return exc
-    except Exception as exc:
-        raise fail(call, f"a {names}", f"{type(exc).__name__}: {exc}", hint) from exc
-    raise fail(call, f"a {names}", f"it returned {got!r}", hint)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _table_text(table: BlockTable) -> str:
@@ -109,8 +78,8 @@ def check_blocks_needed(my_blocks_needed: Callable[[int, int], int]) -> None:
             (1, 1, 1), (16, 16, 1), (17, 16, 2)]
     for n, bs, want in hand:
         call = f"my_blocks_needed({n}, {bs})"
-        got = _call(my_blocks_needed, (n, bs), call, want)
-        if not _is_int(got):
+        got = call_learner(my_blocks_needed, (n, bs), call, want)
+        if not is_int(got):
             raise fail(call, want, got, "return an int, a number of blocks (not a float, not a bool)")
         expect_equal(call, want, got, "a partly filled last block still counts; 0 tokens need 0 blocks")
     for bs in (1, 2, 3, 4, 7, 16, 256):
@@ -118,21 +87,21 @@ def check_blocks_needed(my_blocks_needed: Callable[[int, int], int]) -> None:
         for n in sorted(set(range(0, 3 * bs + 3)) | {10 * bs - 1, 10 * bs, 10 * bs + 1, 12345}):
             want = lib.blocks_needed(n)
             call = f"my_blocks_needed({n}, {bs})"
-            got = _call(my_blocks_needed, (n, bs), call, want)
-            if not _is_int(got):
+            got = call_learner(my_blocks_needed, (n, bs), call, want)
+            if not is_int(got):
                 raise fail(call, want, got, "return an int, a number of blocks")
             expect_equal(call, want, got, "n // block_size full blocks, plus one if anything is left over")
     for n, bs in ((2**53 + 1, 1), (2**60 + 1, 2**30), (3**40, 7)):
         want = PagedKVCacheAllocator(1, bs, 1, 1, allocate_cache=False).blocks_needed(n)
         call = f"my_blocks_needed({n}, {bs})"
-        got = _call(my_blocks_needed, (n, bs), call, want)
+        got = call_learner(my_blocks_needed, (n, bs), call, want)
         expect_equal(call, want, got, "do not go through floats (n / block_size loses digits past 2**53): "
                      "use integer ceiling division, (n + block_size - 1) // block_size")
     for n, bs in ((-1, 4), (-16, 16)):
-        _expect_raises(my_blocks_needed, (n, bs), f"my_blocks_needed({n}, {bs})", ValueError,
+        expect_raises(my_blocks_needed, (n, bs), f"my_blocks_needed({n}, {bs})", ValueError,
                        "a negative token count is a caller's bug: raise ValueError")
     for n, bs in ((4, 0), (4, -2)):
-        _expect_raises(my_blocks_needed, (n, bs), f"my_blocks_needed({n}, {bs})", ValueError,
+        expect_raises(my_blocks_needed, (n, bs), f"my_blocks_needed({n}, {bs})", ValueError,
                        "a block holds at least one token: raise ValueError when block_size < 1")
     passed("02.1")
 
@@ -143,8 +112,8 @@ def check_logical_address(my_logical_address: Callable[[int, int], Tuple[int, in
     hand = [(0, 4, (0, 0)), (3, 4, (0, 3)), (4, 4, (1, 0)), (9, 4, (2, 1)), (5, 1, (5, 0)), (17, 16, (1, 1))]
     for p, bs, want in hand:
         call = f"my_logical_address({p}, {bs})"
-        got = _call(my_logical_address, (p, bs), call, want)
-        if not isinstance(got, (tuple, list)) or len(got) != 2 or not all(_is_int(x) for x in got):
+        got = call_learner(my_logical_address, (p, bs), call, want)
+        if not isinstance(got, (tuple, list)) or len(got) != 2 or not all(is_int(x) for x in got):
             raise fail(call, want, got, "return a pair of ints: (logical block index, offset in the block)")
         expect_equal(call, want, tuple(got), "logical block = position // block_size, offset = position % block_size")
     for bs in (1, 2, 3, 4, 16):
@@ -155,16 +124,16 @@ def check_logical_address(my_logical_address: Callable[[int, int], Tuple[int, in
             t = snapshot.translate(alloc, 0, p)
             want = (t["logical_block"], t["offset"])
             call = f"my_logical_address({p}, {bs})"
-            got = _call(my_logical_address, (p, bs), call, want)
+            got = call_learner(my_logical_address, (p, bs), call, want)
             if not isinstance(got, (tuple, list)) or len(got) != 2:
                 raise fail(call, want, got, "return a pair (logical block index, offset in the block)")
             expect_equal(call, want, tuple(got), "positions count from 0, so does the offset; "
                          "block_size consecutive positions share a logical block")
     for p, bs in ((-1, 4), (-5, 1)):
-        _expect_raises(my_logical_address, (p, bs), f"my_logical_address({p}, {bs})", ValueError,
+        expect_raises(my_logical_address, (p, bs), f"my_logical_address({p}, {bs})", ValueError,
                        "positions start at 0; a negative one is a bug: raise ValueError "
                        "(Python's divmod would quietly give block -1)")
-    _expect_raises(my_logical_address, (3, 0), "my_logical_address(3, 0)", ValueError,
+    expect_raises(my_logical_address, (3, 0), "my_logical_address(3, 0)", ValueError,
                    "raise ValueError when block_size < 1")
     passed("02.2")
 
@@ -179,8 +148,8 @@ def check_physical_block(my_physical_block: Callable[[BlockTable, int, int], int
                 want = int(alloc.slot_mapping(seq_id, [p])[0]) // bs
                 given = table.copy()
                 call = f"my_physical_block({_table_text(table)}, position={p}, block_size={bs})"
-                got = _call(my_physical_block, (given, p, bs), call, want)
-                if not _is_int(got):
+                got = call_learner(my_physical_block, (given, p, bs), call, want)
+                if not is_int(got):
                     raise fail(call, want, got, "return the physical block id, an int")
                 expect_equal(call, want, got, "look the logical block (position // block_size) up in "
                              "table.block_ids")
@@ -190,7 +159,7 @@ def check_physical_block(my_physical_block: Callable[[BlockTable, int, int], int
             capacity = len(table.block_ids) * bs
             for p in sorted({table.num_tokens, capacity - 1, capacity, capacity + bs, -1, -bs} - set(range(table.num_tokens))):
                 call = f"my_physical_block({_table_text(table)}, position={p}, block_size={bs})"
-                _expect_raises(my_physical_block, (table.copy(), p, bs), call, ValueError,
+                expect_raises(my_physical_block, (table.copy(), p, bs), call, ValueError,
                                "valid positions are 0 .. num_tokens - 1: compare with table.num_tokens, not with "
                                "the capacity of the blocks, and refuse negative positions (Python's negative "
                                "indexing would silently return the last block)")
@@ -205,7 +174,7 @@ def check_block_fills(my_block_fills: Callable[[BlockTable, int], List[int]]) ->
             (BlockTable([], num_tokens=0), 4, [])]
     for table, bs, want in hand:
         call = f"my_block_fills({_table_text(table)}, block_size={bs})"
-        got = _call(my_block_fills, (table.copy(), bs), call, want)
+        got = call_learner(my_block_fills, (table.copy(), bs), call, want)
         if not isinstance(got, (list, tuple)):
             raise fail(call, want, got, "return a list with one count per block")
         expect_equal(call, want, list(got), "every block but the last is full; the last holds what is left")
@@ -217,8 +186,8 @@ def check_block_fills(my_block_fills: Callable[[BlockTable, int], List[int]]) ->
             want = [entry["fill"] for entry in row["blocks"]]
             given = table.copy()
             call = f"my_block_fills({_table_text(table)}, block_size={bs})"
-            got = _call(my_block_fills, (given, bs), call, want)
-            if not isinstance(got, (list, tuple)) or not all(_is_int(x) for x in got):
+            got = call_learner(my_block_fills, (given, bs), call, want)
+            if not isinstance(got, (list, tuple)) or not all(is_int(x) for x in got):
                 raise fail(call, want, got, "return a list of ints, one per block of the table")
             if len(got) != len(table.block_ids):
                 raise fail(call, want, list(got), "one entry per block in table.block_ids, including a block "

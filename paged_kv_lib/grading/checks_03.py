@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Sequence, Tuple
 
 from ..allocator import PagedKVCacheAllocator
 from ..errors import OutOfBlocksError
-from ._common import fail, passed
+from ._common import call_learner, fail, passed
 
 Op = Tuple[Any, ...]
 State = Tuple[Dict[int, List[int]], List[int], List[int]]
@@ -57,17 +57,6 @@ class MiniPool:
 
 
 # ----------------------------------------------------------------------- helpers
-def _call(fn: Callable[..., Any], args: Sequence[Any], call: str, expected: Any) -> Any:
-    """Run the learner's function; an exception other than NotImplementedError becomes a failure."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # the learner's bug, reported as a failed check
-        raise fail(call, expected, f"{type(exc).__name__}: {exc}",
-                   "your function raised instead of returning; read the error above") from exc
-
-
 def _library(num_blocks: int, block_size: int) -> PagedKVCacheAllocator:
     return PagedKVCacheAllocator(num_blocks, block_size, 1, 1, allocate_cache=False, enable_prefix_caching=False)
 
@@ -139,7 +128,7 @@ def check_mini_allocate(my_allocate: Callable[[MiniPool, int, int], List[int]]) 
             _apply(alloc, op)
             want_ids = alloc.get_block_mapping(seq_id)
             call = f"my_allocate({pool!r}, seq_id={seq_id}, num_tokens={n})"
-            got = _call(my_allocate, (pool, seq_id, n), call, want_ids)
+            got = call_learner(my_allocate, (pool, seq_id, n), call, want_ids)
             if not isinstance(got, list) or got != want_ids:
                 raise fail(call, want_ids, got, "return the new sequence's block ids as a list; " + hint)
             _compare(call, _lib_state(alloc), pool, hint)
@@ -184,7 +173,7 @@ def check_mini_allocate(my_allocate: Callable[[MiniPool, int, int], List[int]]) 
     pool = MiniPool.from_allocator(alloc)
     call = f"my_allocate({pool!r}, seq_id=2, num_tokens=20)"
     alloc.allocate_for_sequence(2, 20)
-    got = _call(my_allocate, (pool, 2, 20), call, alloc.get_block_mapping(2))
+    got = call_learner(my_allocate, (pool, 2, 20), call, alloc.get_block_mapping(2))
     if got != alloc.get_block_mapping(2):
         raise fail(call, alloc.get_block_mapping(2), got, "5 blocks needed and 5 free: that fits")
     _compare(call, _lib_state(alloc), pool, hint)
@@ -207,7 +196,7 @@ def check_mini_free(my_free: Callable[[MiniPool, int], List[int]]) -> None:
             alloc.free_sequence(seq_id)
             want = list(alloc.free_blocks)[queued:]
             call = f"my_free({shown}, seq_id={seq_id})"
-            got = _call(my_free, (pool, seq_id), call, want)
+            got = call_learner(my_free, (pool, seq_id), call, want)
             if got is None or list(got) != want:
                 extra = " (an unknown sequence id frees nothing and returns [])" if seq_id == 99 else ""
                 raise fail(call, want, got, "return the block ids appended to the free queue, in the order "
@@ -221,7 +210,7 @@ def check_mini_free(my_free: Callable[[MiniPool, int], List[int]]) -> None:
             queued = len(alloc.free_blocks)
             alloc.free_sequence(seq_id)
             want = list(alloc.free_blocks)[queued:]
-            got = _call(my_free, (pool, seq_id), call, want)
+            got = call_learner(my_free, (pool, seq_id), call, want)
             if got is None or list(got) != want:
                 raise fail(call, want, got, hint)
             _compare(call, _lib_state(alloc), pool, hint)
@@ -244,7 +233,7 @@ def check_mini_fork(my_fork: Callable[[MiniPool, int, int], None]) -> None:
             pool = MiniPool.from_allocator(alloc)
             call = f"my_fork({pool!r}, parent_seq_id={parent}, child_seq_id={child})"
             alloc.fork(parent, child)
-            _call(my_fork, (pool, parent, child), call, None)
+            call_learner(my_fork, (pool, parent, child), call, None)
             _compare(call, _lib_state(alloc), pool, hint)
             if pool.tables[child] is pool.tables[parent]:
                 raise fail(f"{call}  then pool.tables[{child}] is pool.tables[{parent}]", False, True,

@@ -7,13 +7,13 @@ Expected values come from the library: ``PagedKVCacheAllocator.slot_mapping``,
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List
 
 import torch
 
 from ..cache_ops import write_slots
-from ._common import fail, passed
-from .checks_02 import _call, _expect_raises, _scenarios
+from ._common import call_learner, expect_raises, fail, passed
+from .checks_02 import _scenarios
 
 
 def _t(x: torch.Tensor) -> str:
@@ -54,7 +54,7 @@ def check_slot_mapping(my_slot_mapping: Callable[[List[int], int, torch.Tensor, 
                 want = alloc.slot_mapping(seq_id, positions)
                 ids, given = list(table.block_ids), positions.clone()
                 call = f"my_slot_mapping({ids}, num_tokens={n}, positions={_t(positions)}, block_size={bs})"
-                got = _call(my_slot_mapping, (ids, n, given, bs), call, _t(want))
+                got = call_learner(my_slot_mapping, (ids, n, given, bs), call, _t(want))
                 _expect_tensor(call, want, got, hint + "; one slot per position, in the same order")
                 if ids != table.block_ids or not torch.equal(given, positions):
                     raise fail(call + "  then its arguments", "unchanged", f"{ids}, {_t(given)}",
@@ -63,7 +63,7 @@ def check_slot_mapping(my_slot_mapping: Callable[[List[int], int, torch.Tensor, 
             for bad in sorted({n, capacity, -1} - set(range(n))):
                 positions = torch.tensor(list(range(min(n, 2))) + [bad])
                 call = f"my_slot_mapping({table.block_ids}, num_tokens={n}, positions={_t(positions)}, block_size={bs})"
-                _expect_raises(my_slot_mapping, (list(table.block_ids), n, positions, bs), call, ValueError,
+                expect_raises(my_slot_mapping, (list(table.block_ids), n, positions, bs), call, ValueError,
                                "every position must hold a token: 0 <= position < num_tokens (not the capacity "
                                "of the blocks); raise ValueError otherwise, before computing anything")
     passed("04.1")
@@ -84,7 +84,7 @@ def check_block_table_tensor(my_block_table_tensor: Callable[..., torch.Tensor])
                 given = [list(t) for t in tables]
                 call = f"my_block_table_tensor({tables}" + ("" if max_blocks is None else f", max_blocks={max_blocks}") + ")"
                 args = (given,) if max_blocks is None else (given, max_blocks)
-                got = _call(my_block_table_tensor, args, call, want.tolist())
+                got = call_learner(my_block_table_tensor, args, call, want.tolist())
                 _expect_tensor(call, want, got, hint + "; an empty list of tables gives shape (0, width)")
                 if given != tables:
                     raise fail(call + "  then the tables", tables, given,
@@ -92,7 +92,7 @@ def check_block_table_tensor(my_block_table_tensor: Callable[..., torch.Tensor])
             if longest:
                 tables = [alloc.get_block_mapping(s) for s in ids]
                 call = f"my_block_table_tensor({tables}, max_blocks={longest - 1})"
-                _expect_raises(my_block_table_tensor, ([list(t) for t in tables], longest - 1), call, ValueError,
+                expect_raises(my_block_table_tensor, ([list(t) for t in tables], longest - 1), call, ValueError,
                                "a max_blocks smaller than the longest table would cut a table: raise ValueError")
     passed("04.2")
 
@@ -118,7 +118,7 @@ def check_write_kv(my_write_kv: Callable[..., None]) -> None:
             args = (k_cache, v_cache, slots.clone(), k.clone(), v.clone())
             call = (f"my_write_kv(k_cache of shape {tuple(k_cache.shape)}, v_cache, slots={_t(slots)}, "
                     f"k of shape {tuple(k.shape)}, v)")
-            _call(my_write_kv, args, call, None)
+            call_learner(my_write_kv, args, call, None)
             for name, want, got, before in (("k_cache", want_k, args[0], before_k), ("v_cache", want_v, args[1], before_v)):
                 if len(slots) and torch.equal(got, before):
                     raise fail(f"{call}  then {name}", f"{name} with new vectors at slots {slots.tolist()}",
@@ -153,7 +153,7 @@ def check_gather_tokens(my_gather_tokens: Callable[[torch.Tensor, torch.Tensor, 
                 block_ids = torch.tensor(ids, dtype=torch.int64)
                 call = (f"my_gather_tokens(cache of shape {tuple(cache.shape)}, block_ids={_t(block_ids)}, "
                         f"num_tokens={n})")
-                got = _call(my_gather_tokens, (given, block_ids, n), call, f"a tensor of shape {tuple(want.shape)}")
+                got = call_learner(my_gather_tokens, (given, block_ids, n), call, f"a tensor of shape {tuple(want.shape)}")
                 _expect_tensor(call, want, got, hint)
                 if not torch.equal(given, cache):
                     raise fail(call + "  then the cache", "unchanged", "changed", "only read the cache")

@@ -11,18 +11,7 @@ from typing import Any, Callable, List, Sequence, Tuple
 import torch
 
 from ..allocator import PagedKVCacheAllocator
-from ._common import expect_equal, fail, passed
-
-
-def _call(fn: Callable[..., Any], args: Sequence[Any], call: str, expected: Any) -> Any:
-    """Run the learner's function; an exception other than NotImplementedError becomes a failure message."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # the learner's bug, reported as a failed check
-        raise fail(call, expected, f"{type(exc).__name__}: {exc}",
-                   "your function raised instead of returning; read the error above") from exc
+from ._common import call_learner, expect_equal, fail, passed
 
 
 def _is_count(value: Any) -> bool:
@@ -48,7 +37,7 @@ def check_blocks_to_add(blocks_to_add: Callable[[int, int, int, int], int]) -> N
     ]
     for n, held, k, bs, want in hand:
         call = f"blocks_to_add(num_tokens={n}, num_blocks_held={held}, num_new_tokens={k}, block_size={bs})"
-        got = _call(blocks_to_add, (n, held, k, bs), call, want)
+        got = call_learner(blocks_to_add, (n, held, k, bs), call, want)
         if not _is_count(got):
             raise fail(call, want, got, "return an int (a number of blocks)")
         expect_equal(call, want, got, "the new tokens occupy positions num_tokens .. num_tokens + "
@@ -59,14 +48,14 @@ def check_blocks_to_add(blocks_to_add: Callable[[int, int, int, int], int]) -> N
             for k in sorted({0, 1, 2, bs - 1, bs, bs + 1, 2 * bs + 3}):
                 want = _blocks_added_by_library(n, k, bs)
                 call = f"blocks_to_add(num_tokens={n}, num_blocks_held={least}, num_new_tokens={k}, block_size={bs})"
-                got = _call(blocks_to_add, (n, least, k, bs), call, want)
+                got = call_learner(blocks_to_add, (n, least, k, bs), call, want)
                 expect_equal(call, want, got, "this is what the allocator's append_tokens adds; "
                              "a block is needed for every position that starts a block past the held ones")
                 for extra in (1, 2):  # blocks reserved ahead of time
                     held = least + extra
                     want = max(0, -(-(n + k) // bs) - held)
                     call = f"blocks_to_add(num_tokens={n}, num_blocks_held={held}, num_new_tokens={k}, block_size={bs})"
-                    got = _call(blocks_to_add, (n, held, k, bs), call, want)
+                    got = call_learner(blocks_to_add, (n, held, k, bs), call, want)
                     expect_equal(call, want, got, "with blocks reserved ahead the answer can be 0, never negative")
     passed("05.1")
 
@@ -102,7 +91,7 @@ def check_decode_slots(decode_slots: Callable[[int, int, int, List[int]], Tuple[
         want_table, want_slots = _library_decode_slots(prompt_len, num_new, bs, free_ids)
         given = list(free_ids)
         call = f"decode_slots(prompt_len={prompt_len}, num_new_tokens={num_new}, block_size={bs}, free_block_ids={free_ids})"
-        got = _call(decode_slots, (prompt_len, num_new, bs, given), call, (want_table, want_slots))
+        got = call_learner(decode_slots, (prompt_len, num_new, bs, given), call, (want_table, want_slots))
         if given != list(free_ids):
             raise fail(call, f"free_block_ids left as {free_ids}", given,
                        "work on a copy of the free list (e.g. collections.deque(free_block_ids))")
@@ -141,7 +130,7 @@ def check_paged_generate(paged_generate: Callable[..., List[int]]) -> None:
         call = (f"paged_generate(model, allocator(block_size={bs}), seq_id={seq_id}, "
                 f"prompt_ids=<{prompt_len} tokens>, max_new_tokens={max_new})")
         with torch.no_grad():
-            got = _call(paged_generate, (model, alloc, seq_id, list(prompt), max_new), call, want)
+            got = call_learner(paged_generate, (model, alloc, seq_id, list(prompt), max_new), call, want)
         got = [int(t) for t in got] if isinstance(got, (list, tuple)) else got
         expect_equal(call, want, got,
                      "the new tokens must equal generate_no_cache's; prefill the prompt with forward_paged, "

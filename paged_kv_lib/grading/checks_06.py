@@ -8,22 +8,11 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..allocator import PagedKVCacheAllocator
 from ..prefix_cache import block_key, chain_keys
-from ._common import expect_equal, fail, passed
-
-
-def _call(fn: Callable[..., Any], args: Sequence[Any], call: str, expected: Any) -> Any:
-    """Run the learner's function; an exception other than NotImplementedError becomes a failure message."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # the learner's bug, reported as a failed check
-        raise fail(call, expected, f"{type(exc).__name__}: {exc}",
-                   "your function raised instead of returning; read the error above") from exc
+from ._common import call_learner, expect_equal, fail, passed
 
 
 # --------------------------------------------------------------------------- 06.1
@@ -61,7 +50,7 @@ def _check_one_append(cow_append: Callable, alloc: PagedKVCacheAllocator, seq_id
     want_return = new_copies[0] if new_copies else None
     want = _state_of(alloc)
     call = f"cow_append(state, seq_id={seq_id}) with state: {before}"
-    got = _call(cow_append, (state, seq_id), call, want_return)
+    got = call_learner(cow_append, (state, seq_id), call, want_return)
     if got is not None:
         got = tuple(got) if isinstance(got, (list, tuple)) else got
     expect_equal(call + "  -> return value", want_return, got, _COW_HINT)
@@ -119,7 +108,7 @@ def check_salted_block_key(salted_block_key: Callable[[Optional[bytes], List[int
                 want = block_key(parent, tokens, salt)
                 shown = "None" if parent is None else f"<key {parent.hex()[:8]}...>"
                 call = f"salted_block_key({shown}, {tokens}, extra_key={salt!r})"
-                got = _call(salted_block_key, (parent, list(tokens), salt), call, want)
+                got = call_learner(salted_block_key, (parent, list(tokens), salt), call, want)
                 if not isinstance(got, bytes):
                     raise fail(call, want, got, "return the 32-byte digest itself: hashlib.sha256(...).digest()")
                 hint = ("SHA-256 over: the parent key (32 zero bytes when None); then, if extra_key is "
@@ -142,7 +131,7 @@ def check_salted_chain_keys(salted_chain_keys: Callable[[List[int], int, Optiona
     for tokens, bs, salt in cases:
         want = chain_keys(tokens, bs, salt)
         call = f"salted_chain_keys({tokens}, block_size={bs}, extra_key={salt!r})"
-        got = _call(salted_chain_keys, (list(tokens), bs, salt), call, [k.hex()[:8] for k in want])
+        got = call_learner(salted_chain_keys, (list(tokens), bs, salt), call, [k.hex()[:8] for k in want])
         if not isinstance(got, (list, tuple)) or not all(isinstance(k, bytes) for k in got):
             raise fail(call, f"a list of {len(want)} keys (bytes)", got, "return a list of 32-byte digests")
         got = list(got)
@@ -187,7 +176,7 @@ def check_longest_cached_prefix(longest_cached_prefix: Callable[[List[bytes], Di
                          ({k: 10 + i for i, k in enumerate(keys)}, [10, 11, 12, 13]), ({}, [])):
         call = f"longest_cached_prefix(chain_keys(list(range(16)), {bs}), cached) with cached holding keys " \
                f"{sorted(keys.index(k) for k in cached)}"
-        got = _call(longest_cached_prefix, (list(keys), dict(cached)), call, want)
+        got = call_learner(longest_cached_prefix, (list(keys), dict(cached)), call, want)
         expect_equal(call, want, list(got) if isinstance(got, (list, tuple)) else got, hint)
     # The real allocator's prefix cache, queried with prompts that hit it in different ways.
     for n, tokens in enumerate(queries):
@@ -199,7 +188,7 @@ def check_longest_cached_prefix(longest_cached_prefix: Callable[[List[bytes], Di
         alloc.free_sequence(seq_id)
         call = f"longest_cached_prefix(chain_keys({tokens}, {bs}), cached)"
         given = dict(cached)
-        got = _call(longest_cached_prefix, (list(keys), given), call, want)
+        got = call_learner(longest_cached_prefix, (list(keys), given), call, want)
         got = list(got) if isinstance(got, (list, tuple)) else got
         expect_equal(call, want, got, hint)
         if given != cached:
@@ -217,7 +206,7 @@ def _check_one_free(free_in_order: Callable, alloc: PagedKVCacheAllocator, seq_i
     alloc.free_sequence(seq_id)
     want_queue = list(alloc.free_blocks)
     want_counts = [b.ref_count for b in alloc.blocks]
-    result = _call(free_in_order, (list(table), ref_counts, queue), shown, want_queue)
+    result = call_learner(free_in_order, (list(table), ref_counts, queue), shown, want_queue)
     if result is not None:
         raise fail(shown + "  -> return value", None, result, "change ref_counts and free_queue in place, return None")
     expect_equal(shown + "  -> ref_counts afterwards", want_counts, ref_counts,

@@ -9,23 +9,12 @@ swapped out and back in.
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
 from ..allocator import PagedKVCacheAllocator
-from ._common import expect_equal, fail, passed
-
-
-def _call(fn: Callable[..., Any], args: Sequence[Any], call: str, expected: Any) -> Any:
-    """Run the learner's function; an exception other than NotImplementedError becomes a failure message."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # the learner's bug, reported as a failed check
-        raise fail(call, expected, f"{type(exc).__name__}: {exc}",
-                   "your function raised instead of returning; read the error above") from exc
+from ._common import call_learner, expect_equal, fail, passed
 
 
 # --------------------------------------------------------------------------- 07.1
@@ -62,7 +51,7 @@ def check_admit_fcfs(admit_fcfs: Callable[[List[int], int, int, float, int], int
     for blocks, free, total, wm, slots, want in hand:
         assert want == _library_admissions(blocks, free, total, wm, slots)  # keeps the hand cases honest
         call = f"admit_fcfs({blocks}, free_blocks={free}, total_blocks={total}, watermark={wm}, batch_slots={slots})"
-        got = _call(admit_fcfs, (list(blocks), free, total, wm, slots), call, want)
+        got = call_learner(admit_fcfs, (list(blocks), free, total, wm, slots), call, want)
         expect_equal(call, want, got, hint)
     rng = random.Random(7)
     for _ in range(300):
@@ -74,7 +63,7 @@ def check_admit_fcfs(admit_fcfs: Callable[[List[int], int, int, float, int], int
         want = _library_admissions(blocks, free, total, wm, slots)
         call = f"admit_fcfs({blocks}, free_blocks={free}, total_blocks={total}, watermark={wm}, batch_slots={slots})"
         given = list(blocks)
-        got = _call(admit_fcfs, (given, free, total, wm, slots), call, want)
+        got = call_learner(admit_fcfs, (given, free, total, wm, slots), call, want)
         expect_equal(call, want, got, hint)
         if given != blocks:
             raise fail(call, f"prompt_blocks left as {blocks}", given, "do not modify the queue you are given")
@@ -128,7 +117,7 @@ def check_choose_victims(choose_victims: Callable[[List[Tuple[int, int, int]], i
     ]
     for running, free, want in hand:
         call = f"choose_victims({running}, free_blocks={free})"
-        got = _call(choose_victims, ([tuple(r) for r in running], free), call, want)
+        got = call_learner(choose_victims, ([tuple(r) for r in running], free), call, want)
         expect_equal(call, want, list(got) if isinstance(got, (list, tuple)) else got, _VICTIM_HINT)
     steps_with_preemption = steps_with_two = 0
     with torch.no_grad():
@@ -149,7 +138,7 @@ def check_choose_victims(choose_victims: Callable[[List[Tuple[int, int, int]], i
                 steps_with_preemption += bool(want)
                 steps_with_two += len(want) > 1
                 call = f"choose_victims({running}, free_blocks={free})"
-                got = _call(choose_victims, (list(running), free), call, want)
+                got = call_learner(choose_victims, (list(running), free), call, want)
                 expect_equal(call + "  (a step of the real engine)", want,
                              list(got) if isinstance(got, (list, tuple)) else got, _VICTIM_HINT)
     # The scenarios must exercise what they are for (a failure here is a bug in the check, not yours).
@@ -198,7 +187,7 @@ def check_preemption_cost(preemption_cost: Callable[[int, int, int, str], Dict[s
     for prompt, gen, bs, mode in cases:
         want = _library_costs(prompt, gen, bs, mode)
         call = f"preemption_cost(prompt_len={prompt}, num_generated={gen}, block_size={bs}, mode={mode!r})"
-        got = _call(preemption_cost, (prompt, gen, bs, mode), call, want)
+        got = call_learner(preemption_cost, (prompt, gen, bs, mode), call, want)
         if not isinstance(got, dict) or set(got) != set(keys):
             raise fail(call, want, got, f"return a dict with exactly the keys {list(keys)}")
         for key in keys:

@@ -10,43 +10,14 @@ snapshots, the averages of its ``SimResult``. A few tiny cases are verified by h
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..simulate import PARTS, StepSnapshot, make_memory, make_workload, run_schedule
 from ..simulate.reservation import RESERVATIONS, reservation_size
-from ._common import expect_equal, fail, passed
+from ._common import call_learner, expect_equal, expect_raises, fail, is_int, passed
 
-Errors = Union[Type[BaseException], Tuple[Type[BaseException], ...]]
 Running = List[Tuple[int, int, int]]
 State = Tuple[int, Running, List[int], Optional[int]]  # capacity, running, free_holes, first_waiting
-
-
-def _call(fn: Callable[..., Any], args: Sequence[Any], call: str, expected: Any) -> Any:
-    """Run the learner's function; an exception other than NotImplementedError becomes a failure."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # the learner's bug, reported as a failed check
-        raise fail(call, expected, f"{type(exc).__name__}: {exc}",
-                   "your function raised instead of returning; read the error above") from exc
-
-
-def _expect_raises(fn: Callable[..., Any], args: Sequence[Any], call: str, errors: Errors, hint: str) -> None:
-    names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
-    try:
-        got = fn(*args)
-    except NotImplementedError:
-        raise
-    except errors:
-        return
-    except Exception as exc:
-        raise fail(call, f"a {names}", f"{type(exc).__name__}: {exc}", hint) from exc
-    raise fail(call, f"a {names}", f"it returned {got!r}", hint)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------- 08.1
@@ -80,14 +51,14 @@ def check_reservation_slots(reservation_slots: Callable[[str, int, int, int], in
     for kind, p, o, max_len in cases:
         want = reservation_size(kind, p, o, max_len)
         call = f"reservation_slots({kind!r}, prompt_len={p}, output_len={o}, max_len={max_len})"
-        got = _call(reservation_slots, (kind, p, o, max_len), call, want)
-        if not _is_int(got):
+        got = call_learner(reservation_slots, (kind, p, o, max_len), call, want)
+        if not is_int(got):
             raise fail(call, want, got, "return an int, a number of slots (math.pow and ** with floats "
                                         "give floats; int.bit_length gives exact powers of two)")
         expect_equal(call, want, got, _RESERVATION_HINTS[kind])
     for kind in ("orca-min", "paged", "ORCA-MAX"):
         call = f"reservation_slots({kind!r}, prompt_len=10, output_len=5, max_len=2048)"
-        _expect_raises(reservation_slots, (kind, 10, 5, 2048), call, ValueError,
+        expect_raises(reservation_slots, (kind, 10, 5, 2048), call, ValueError,
                        "an unknown kind must raise ValueError, not return a number (or None)")
     passed("08.1")
 
@@ -187,7 +158,7 @@ def _compare_parts(call: str, want: Dict[str, int], got: Any) -> None:
     if not isinstance(got, dict) or set(got) != set(PARTS):
         raise fail(call, want, got, f"return a dict with exactly the keys {list(PARTS)}")
     for key in PARTS:
-        if not _is_int(got[key]):
+        if not is_int(got[key]):
             raise fail(call, want, got, f"every value is a number of slots, an int; {key!r} is {got[key]!r}")
     for key in PARTS:
         if got[key] != want[key]:
@@ -207,13 +178,13 @@ def check_memory_parts(memory_parts: Callable[[int, Running, List[int], Optional
     for what, state, want in _hand_states():
         call = f"{_show(state)}   [{what}]"
         capacity, running, holes, first = state
-        got = _call(memory_parts, (capacity, list(running), list(holes), first), call, want)
+        got = call_learner(memory_parts, (capacity, list(running), list(holes), first), call, want)
         _compare_parts(call, want, got)
     for what, state, snap in _simulated_states():
         want = {key: getattr(snap, key) for key in PARTS}
         call = f"{_show(state)}   [{what}]"
         capacity, running, holes, first = state
-        got = _call(memory_parts, (capacity, list(running), list(holes), first), call, want)
+        got = call_learner(memory_parts, (capacity, list(running), list(holes), first), call, want)
         _compare_parts(call, want, got)
     passed("08.2")
 
@@ -261,7 +232,7 @@ def check_time_averaged(time_averaged: Callable[[List[StepSnapshot], int], Dict[
     """Task 08.3: ``time_averaged(snapshots, capacity)`` -> the averaged fractions and the mean batch."""
     for what, snaps, capacity, want in _averaging_cases():
         call = f"time_averaged(<{what}>, capacity={capacity})"
-        got = _call(time_averaged, (list(snaps), capacity), call, want)
+        got = call_learner(time_averaged, (list(snaps), capacity), call, want)
         if not isinstance(got, dict) or set(got) != set(_AVERAGE_KEYS):
             raise fail(call, want, got, f"return a dict with exactly the keys {list(_AVERAGE_KEYS)}")
         for key in _AVERAGE_KEYS:
@@ -279,6 +250,6 @@ def check_time_averaged(time_averaged: Callable[[List[StepSnapshot], int], Dict[
                 hint = "no step is loaded here, so average over every snapshot"
             raise fail(call, want, got, f"{bad} differ; {hint}")
     call = "time_averaged([], capacity=100)"
-    _expect_raises(time_averaged, ([], 100), call, ValueError,
+    expect_raises(time_averaged, ([], 100), call, ValueError,
                    "with no snapshots there is nothing to average: raise ValueError")
     passed("08.3")

@@ -17,20 +17,9 @@ import torch
 
 from ..attention import gather_kv, paged_attention_reference
 from ..attention.testing import make_paged_batch
-from ._common import fail, passed
+from ._common import call_learner, fail, passed
 
 State = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (m, l, acc)
-
-
-def _call(fn: Callable[..., Any], args: Sequence[Any], call: str, expected: Any, **kwargs: Any) -> Any:
-    """Run the learner's function; an exception other than NotImplementedError becomes a failure."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # the learner's bug, reported as a failed check
-        raise fail(call, expected, f"{type(exc).__name__}: {exc}",
-                   "your function raised instead of returning; read the error above") from exc
 
 
 def _brief(t: torch.Tensor) -> str:
@@ -78,7 +67,7 @@ def check_gather_k_at(gather_k_at: Callable[[torch.Tensor, torch.Tensor, List[in
         want = gather_kv(cache, row, seq_len)[:, positions]
         call = (f"gather_k_at(k_cache of shape {tuple(cache.shape)}, block_table_row={row.tolist()}, "
                 f"positions={positions})   [{what}]")
-        got = _call(gather_k_at, (cache, row, list(positions)), call, _brief(want))
+        got = call_learner(gather_k_at, (cache, row, list(positions)), call, _brief(want))
         if not isinstance(got, torch.Tensor):
             raise fail(call, _brief(want), got, "return a torch.Tensor")
         if tuple(got.shape) != tuple(want.shape):
@@ -140,7 +129,7 @@ def check_paged_decode_attention(paged_decode_attention: Callable[..., torch.Ten
                 f"block_tables={b.block_tables.tolist()}, seq_lens={b.seq_lens.tolist()}"
                 + (")" if scale is None else f", scale={scale})") + f"   [{what}]")
         kwargs = {} if scale is None else {"scale": scale}
-        got = _call(paged_decode_attention, (b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens), call,
+        got = call_learner(paged_decode_attention, (b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens), call,
                     _brief(want), **kwargs)
         if not isinstance(got, torch.Tensor):
             raise fail(call, _brief(want), got, "return a torch.Tensor")
@@ -224,7 +213,7 @@ def check_partial_softmax_state(partial_softmax_state: Callable[..., Any]) -> No
     for what, q, k, v, scale in _state_cases():
         want = _state(q, k, v, scale)
         call = f"partial_softmax_state(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, scale={scale})   [{what}]"
-        got = _unpack(_call(partial_softmax_state, (q.clone(), k.clone(), v.clone(), scale), call,
+        got = _unpack(call_learner(partial_softmax_state, (q.clone(), k.clone(), v.clone(), scale), call,
                             _show_state(want)), call, want)
         shapes_ok = got[0].numel() == 1 and got[1].numel() == 1 and tuple(got[2].shape) == tuple(want[2].shape)
         if not shapes_ok:
@@ -300,7 +289,7 @@ def check_merge_softmax_states(merge_softmax_states: Callable[[State, State], An
         call = f"merge_softmax_states(a={_show_state(a)}, b={_show_state(b)})   [{what}]"
         a_in = tuple(t.clone() for t in a)
         b_in = tuple(t.clone() for t in b)
-        got = _unpack(_call(merge_softmax_states, (a_in, b_in), call, _show_state(want)), call, want)
+        got = _unpack(call_learner(merge_softmax_states, (a_in, b_in), call, _show_state(want)), call, want)
         m, l, acc = got
         if m.shape != want[0].shape or l.shape != want[1].shape or acc.shape != want[2].shape:
             raise fail(call, _show_state(want), _show_state(got),

@@ -10,20 +10,9 @@ from paged_kv_lib import OutOfBlocksError, PagedKVCacheAllocator
 from paged_kv_lib.grading import check_mini_allocate, check_mini_fork, check_mini_free, check_mini_validate
 from paged_kv_lib.grading.checks_03 import MiniPool
 
-
-def passes(check, fn, task, capsys) -> None:
-    check(fn)
-    assert capsys.readouterr().out == f"PASSED {task}\n"
+from check_helpers import fails, not_implemented, passes
 
 
-def fails(check, fn) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(fn)
-    return str(info.value)
-
-
-def not_implemented(*args, **kwargs):
-    raise NotImplementedError("Task: replace this line with your code")
 
 
 @pytest.mark.parametrize("check", [check_mini_allocate, check_mini_free, check_mini_fork, check_mini_validate])

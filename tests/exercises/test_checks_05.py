@@ -9,6 +9,8 @@ import torch
 
 from paged_kv_lib.grading import check_blocks_to_add, check_decode_slots, check_paged_generate
 
+from check_helpers import fails, not_implemented, passes
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -18,19 +20,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def passes(check, fn, task, capsys) -> None:
-    check(fn)
-    assert capsys.readouterr().out == f"PASSED {task}\n"
-
-
-def fails(check, fn) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(fn)
-    return str(info.value)
-
-
-def not_implemented(*args, **kwargs):
-    raise NotImplementedError("Task: replace this line with your code")
 
 
 @pytest.mark.parametrize("check", [check_blocks_to_add, check_decode_slots, check_paged_generate])

@@ -13,26 +13,14 @@ from paged_kv_lib.grading import (
     check_free_in_order,
     check_longest_cached_prefix,
     check_salted_block_key,
-    check_salted_chain_keys,
-)
+    check_salted_chain_keys,)
+
+from check_helpers import fails, not_implemented, passes
 
 CHECKS = [check_cow_append, check_salted_block_key, check_salted_chain_keys, check_longest_cached_prefix,
           check_free_in_order]
 
 
-def passes(check, fn, task, capsys) -> None:
-    check(fn)
-    assert capsys.readouterr().out == f"PASSED {task}\n"
-
-
-def fails(check, fn) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(fn)
-    return str(info.value)
-
-
-def not_implemented(*args, **kwargs):
-    raise NotImplementedError("Task: replace this line with your code")
 
 
 @pytest.mark.parametrize("check", CHECKS)

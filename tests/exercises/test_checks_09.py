@@ -11,8 +11,9 @@ from paged_kv_lib.grading import (
     check_gather_k_at,
     check_merge_softmax_states,
     check_paged_decode_attention,
-    check_partial_softmax_state,
-)
+    check_partial_softmax_state,)
+
+from check_helpers import fails, not_implemented, passes
 
 
 @pytest.fixture(autouse=True)
@@ -23,19 +24,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def passes(check, fn, task, capsys) -> None:
-    check(fn)
-    assert capsys.readouterr().out == f"PASSED {task}\n"
-
-
-def fails(check, fn) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(fn)
-    return str(info.value)
-
-
-def not_implemented(*args, **kwargs):
-    raise NotImplementedError("Task: replace this line with your code")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,23 @@
+"""What every planted-wrong-solution test needs: run a check and see it pass or bite."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def passes(check, fn, task, capsys) -> None:
+    """The check accepts ``fn`` and prints exactly its one success line."""
+    check(fn)
+    assert capsys.readouterr().out == f"PASSED {task}\n"
+
+
+def fails(check, fn) -> str:
+    """The check rejects ``fn`` with an AssertionError; returns its message."""
+    with pytest.raises(AssertionError) as info:
+        check(fn)
+    return str(info.value)
+
+
+def not_implemented(*args, **kwargs):
+    """What a learner's untouched task does."""
+    raise NotImplementedError("Task: replace this line with your code")
