@@ -23,9 +23,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-## Open the course in JupyterLab.
+## Open the course in JupyterLab (served from the repository root, so lessons/ and exercises/ both show).
 lab: install
-	$(VENV)/bin/jupyter lab lessons/ $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab lessons/00_setup.ipynb $(LAB_ARGS)
 
 ## Every test: unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
 test: install
