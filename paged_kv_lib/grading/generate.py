@@ -44,6 +44,8 @@ def make_learner_version(solution: NotebookNode, name: str) -> NotebookNode:
     validate_solution_notebook(solution, name)
     learner = copy.deepcopy(solution)
     for cell in learner.cells:
+        if cell.cell_type == "markdown":
+            cell.source = relocate_links(cell.source)
         found = cell_task(cell)
         if found is None:
             continue
@@ -62,6 +64,15 @@ def make_learner_version(solution: NotebookNode, name: str) -> NotebookNode:
         "generated_from": f"exercises/solutions/{stem}.ipynb",
     }
     return learner
+
+
+def relocate_links(markdown: str) -> str:
+    """Relative links written from ``exercises/solutions/`` made right for ``exercises/``.
+
+    The learner version sits one folder up from its source, so ``../../lessons/x`` must
+    become ``../lessons/x``.
+    """
+    return markdown.replace("](../../", "](../")
 
 
 def learner_text(solution_path: Path) -> str:
