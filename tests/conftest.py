@@ -24,3 +24,14 @@ import sys  # noqa: E402
 
 # Let test modules import tests/helpers.py.
 sys.path.insert(0, os.path.dirname(__file__))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices run faster on one torch thread, much faster on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

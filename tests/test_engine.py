@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 import pytest
-import torch
 
 from paged_kv_lib.engine import Engine
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
@@ -19,13 +18,8 @@ PROMPTS = [BASE + "the free queue", BASE + "a slot", "copy on write", BASE]
 MAX_NEW = 10
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matrices: one thread is faster, and much faster on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 
 @pytest.fixture(scope="module")

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from paged_kv_lib.cli import main as cli_main
 from paged_kv_lib.engine import Engine, RequestTooLargeError
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,8 @@ from paged_kv_lib.model import (
 PROMPT = encode("pages of keys and values")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matrices: one thread is faster, and much faster on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +87,7 @@ def test_contiguous_cache_logits_match_no_cache(model) -> None:
         got_b = model.forward_contiguous([other[:5]], cache, rows=[0])[0]
         more = model.forward_contiguous([[PROMPT[7]], [other[5]]], cache, rows=[1, 0])
     assert torch.allclose(got_a, ref[:7], atol=1e-4)
+    assert torch.allclose(got_b, model(other[:5])[0], atol=1e-4)
     assert torch.allclose(more[0, 0], ref[7], atol=1e-4)
     assert torch.allclose(more[1, 0], model(other[:6])[0, 5], atol=1e-4)
     assert cache.lengths.tolist() == [6, 8]

@@ -12,12 +12,8 @@ from paged_kv_lib.grading import check_blocks_to_add, check_decode_slots, check_
 from check_helpers import fails, not_implemented, passes
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 
 
