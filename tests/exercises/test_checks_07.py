@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from paged_kv_lib.grading import check_admit_fcfs, check_choose_victims, check_preemption_cost
 
