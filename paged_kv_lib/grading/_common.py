@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence, Tuple, Type, Union
 
 PASS_PREFIX = "PASSED"
+# Per-cell time limit of the grader, in seconds.
+DEFAULT_CELL_TIMEOUT_S = 60.0
 
 
 def passed(task: str) -> None:

@@ -13,10 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
-from .batch import find_submissions, fmt_points, grade_batch, summary_table, write_gradebook
-from .grader import DEFAULT_CELL_TIMEOUT_S, GradeReport, grade_notebook
+from ._common import DEFAULT_CELL_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from .grader import GradeReport
+
+# The grader and the batch runner import nbformat and jsonschema (seconds of start-up), so
+# they load when a grade runs, not whenever the `paged-kv` command builds its parser.
 
 DETAIL_LINES = 12
 
@@ -68,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.notebook.is_file():
         print(f"error: no such notebook: {args.notebook}", file=sys.stderr)
         return 2
+    from .grader import grade_notebook
+
     report = grade_notebook(args.notebook, pristine=args.pristine, cell_timeout=args.timeout)
     print(format_report(report))
     if report.error:
@@ -88,6 +95,8 @@ def _run_batch(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
+    from .batch import find_submissions, grade_batch, summary_table, write_gradebook
+
     submissions, warnings = find_submissions(args.batch)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -107,6 +116,8 @@ def _run_batch(args: argparse.Namespace) -> int:
 
 def format_report(report: GradeReport) -> str:
     """The score table of one submission, then the failure details and notes."""
+    from .batch import fmt_points
+
     lines: List[str] = [f"Grading {report.submission} (exercise {report.exercise})"]
     if report.error:
         lines.append(f"error: {report.error}")

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from nbformat import NotebookNode
 
+from ._common import DEFAULT_CELL_TIMEOUT_S
 from .generate import make_learner_version
 from .notebook_tasks import (
     BEGIN_MARKER,
@@ -45,7 +46,6 @@ from .notebook_tasks import (
     read_notebook,
 )
 
-DEFAULT_CELL_TIMEOUT_S = 60.0
 KERNEL_STARTUP_TIMEOUT_S = 120.0
 COURSE_ROOT = Path(__file__).resolve().parents[2]
 _PLUGIN_SOURCE = Path(__file__).with_name("nbval_report.py")
