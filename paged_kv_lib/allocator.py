@@ -136,7 +136,7 @@ class PagedKVCacheAllocator:
         self._prefix = PrefixCache()
         self._cpu_free: Deque[int] = deque(range(self.num_cpu_blocks))
         self._swapped: Dict[int, BlockTable] = {}  # block ids here are CPU block ids
-        self.copy_log: Deque[Tuple[int, int]] = deque(maxlen=4096)
+        self._copy_log: Deque[Tuple[int, int]] = deque(maxlen=4096)
         self._num_copies = 0
 
     # ------------------------------------------------------------------ views
@@ -164,6 +164,11 @@ class PagedKVCacheAllocator:
     def sequence_block_tables(self) -> Dict[int, BlockTable]:
         """Copies of every device-resident sequence's block table, by sequence id."""
         return {seq_id: table.copy() for seq_id, table in self._tables.items()}
+
+    @property
+    def copy_log(self) -> Tuple[Tuple[int, int], ...]:
+        """The copy-on-write copies made, ``(src, dst)`` block ids, oldest first (the last 4,096)."""
+        return tuple(self._copy_log)
 
     @property
     def num_free_blocks(self) -> int:
@@ -723,7 +728,7 @@ class PagedKVCacheAllocator:
         self._blocks[src].ref_count -= 1
         table.block_ids[index] = dst
         self._refresh_limit(table)
-        self.copy_log.append((src, dst))
+        self._copy_log.append((src, dst))
         self._num_copies += 1
         return (src, dst)
 
