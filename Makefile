@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 ## Open the course in JupyterLab (served from the repository root, so lessons/ and exercises/ both show).
 lab: install
-	$(VENV)/bin/jupyter lab lessons/00_setup.ipynb $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/lessons/00_setup.ipynb $(LAB_ARGS)
 
 ## Every test: unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
 test: install
