@@ -236,11 +236,9 @@ class PagedKVCacheAllocator:
         num_tokens = as_count(num_tokens, "num_tokens")
         if not isinstance(watermark, (int, float)) or isinstance(watermark, bool) or not 0.0 <= watermark <= 1.0:
             raise ValueError(f"watermark must be a number in [0, 1], got {watermark!r}")
-        tokens = self._token_list(token_ids, num_tokens)
-        salt = _as_salt(extra_key)
-        hits = self._lookup(chain_keys(tokens, self.block_size, salt) if tokens is not None else [])
-        taken = self.blocks_needed(num_tokens) - len(hits) + sum(1 for b in hits if self._blocks[b].ref_count == 0)
-        return len(self._free) - taken >= watermark * self.num_blocks and taken <= len(self._free)
+        plan = self._plan_prompt(num_tokens, token_ids, extra_key)
+        left = len(self._free) - plan.taken_from_free
+        return left >= 0 and left >= watermark * self.num_blocks
 
     def allocate_for_sequence(
         self,
@@ -260,29 +258,24 @@ class PagedKVCacheAllocator:
         seq_id = as_seq_id(seq_id)
         num_prompt_tokens = as_count(num_prompt_tokens, "num_prompt_tokens")
         self._check_new_id(seq_id)
-        tokens = self._token_list(token_ids, num_prompt_tokens)
-        salt = _as_salt(extra_key)
-        keys = chain_keys(tokens, self.block_size, salt) if tokens is not None else []
-        hits = self._lookup(keys)
-        total = -(-num_prompt_tokens // self.block_size)
-        hit_free = sum(1 for b in hits if self._blocks[b].ref_count == 0)
-        needed = total - len(hits)
-        if needed > len(self._free) - hit_free:
-            raise OutOfBlocksError(needed, len(self._free) - hit_free, f"allocate sequence {seq_id}")
+        plan = self._plan_prompt(num_prompt_tokens, token_ids, extra_key)
+        if plan.taken_from_free > len(self._free):
+            available = len(self._free) - plan.hit_free
+            raise OutOfBlocksError(plan.new_blocks, available, f"allocate sequence {seq_id}")
 
-        self._prefix.queries += len(keys)
-        self._prefix.hits += len(hits)
-        for block_id in hits:
+        self._prefix.queries += len(plan.keys)
+        self._prefix.hits += len(plan.hits)
+        for block_id in plan.hits:
             block = self._blocks[block_id]
             if block.ref_count == 0:
                 self._free.remove(block_id)
             block.ref_count += 1
-        block_ids = hits + self._take_blocks(needed)
-        table = BlockTable(block_ids, num_prompt_tokens, tokens, keys, salt)
-        self._register(table, len(hits))
+        block_ids = plan.hits + self._take_blocks(plan.new_blocks)
+        table = BlockTable(block_ids, num_prompt_tokens, plan.tokens, plan.keys, plan.salt)
+        self._register(table, len(plan.hits))
         self._refresh_limit(table)
         self._tables[seq_id] = table
-        return len(hits) * self.block_size
+        return len(plan.hits) * self.block_size
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Make ``child_seq_id`` share every block of ``parent_seq_id`` (nothing is copied).
@@ -658,6 +651,19 @@ class PagedKVCacheAllocator:
             raise ValueError(f"got {len(tokens)} token_ids for {expected} tokens")
         return tokens if self.enable_prefix_caching else None
 
+    def _plan_prompt(self, num_tokens: int, token_ids: TokenIds, extra_key: Optional[Union[bytes, str]]) -> "_PromptPlan":
+        """What allocating a prompt would take: its keys, cache hits, and blocks from the free queue.
+
+        ``can_allocate`` and ``allocate_for_sequence`` share it, so the prediction is the act.
+        """
+        tokens = self._token_list(token_ids, num_tokens)
+        salt = _as_salt(extra_key)
+        keys = chain_keys(tokens, self.block_size, salt) if tokens is not None else []
+        hits = self._lookup(keys)
+        hit_free = sum(1 for b in hits if self._blocks[b].ref_count == 0)
+        new_blocks = -(-num_tokens // self.block_size) - len(hits)
+        return _PromptPlan(tokens, salt, keys, hits, hit_free, new_blocks)
+
     def _lookup(self, keys: List[bytes]) -> List[int]:
         """Block ids of the longest run of leading keys found in the prefix cache."""
         hits = []
@@ -751,6 +757,22 @@ class PagedKVCacheAllocator:
         block.ref_count -= 1
         if block.ref_count == 0:
             self._free.append(block_id)
+
+
+@dataclass(frozen=True)
+class _PromptPlan:
+    """A prompt's allocation, worked out before anything changes."""
+
+    tokens: Optional[List[int]]
+    salt: Optional[bytes]
+    keys: List[bytes]
+    hits: List[int]  # cached blocks reused, in logical order
+    hit_free: int  # how many of the hits sit in the free queue (taking them shrinks it)
+    new_blocks: int  # fresh blocks to pop off the free queue
+
+    @property
+    def taken_from_free(self) -> int:
+        return self.new_blocks + self.hit_free
 
 
 def _as_salt(extra_key: Optional[Union[bytes, str]]) -> Optional[bytes]:
