@@ -307,12 +307,14 @@ class PagedKVCacheAllocator:
             return
         # Tail first: the tail blocks reach the head of the free queue first, so they are
         # reused before the head blocks (which are likelier to be shared later).
-        blocks, free = self._blocks, self._free
+        blocks = self._blocks
+        released = []
         for block_id in reversed(table.block_ids):
             block = blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                free.append(block_id)
+                released.append(block_id)
+        self._free.extend(released)
 
     def get_block_mapping(self, seq_id: int) -> List[int]:
         """A copy of the sequence's physical block ids, in logical order."""
@@ -697,12 +699,11 @@ class PagedKVCacheAllocator:
         needed = max(0, -(-new_len // self.block_size) - len(table.block_ids))
         if cow + needed > len(self._free):
             raise OutOfBlocksError(cow + needed, len(self._free), f"grow sequence {seq_id} to {new_len} tokens")
-        placed: List[int] = []
-        if cow:
-            placed.append(self._copy_on_write(table, len(table.block_ids) - 1)[1])
-        new_ids = self._take_blocks(needed)
-        table.block_ids.extend(new_ids)
-        placed.extend(new_ids)
+        placed = [self._copy_on_write(table, len(table.block_ids) - 1)[1]] if cow else []
+        if needed:
+            new_ids = self._take_blocks(needed)
+            table.block_ids += new_ids
+            placed += new_ids
         table.num_tokens = new_len
         if tokens is None:
             table.token_ids = None  # the content is unknown from here on: no more keys
@@ -740,16 +741,14 @@ class PagedKVCacheAllocator:
 
     def _take_blocks(self, n: int) -> List[int]:
         """Pop ``n`` blocks off the free queue (caller checked there are enough); evicts cached content."""
-        ids = []
-        pop, blocks = self._free.popleft, self._blocks
-        for _ in range(n):
-            block_id = pop()
+        ids = self._free.pop_many(n)
+        blocks = self._blocks
+        for block_id in ids:
             block = blocks[block_id]
             block.ref_count = 1
             if block.block_hash is not None:
                 self._prefix.remove(block.block_hash)
                 block.block_hash = None
-            ids.append(block_id)
         return ids
 
     def _release(self, block_id: int) -> None:

@@ -81,6 +81,43 @@ class FreeBlockQueue:
         self._len -= 1
         return block_id
 
+    def pop_many(self, n: int) -> List[int]:
+        """Remove and return the ``n`` ids at the head, in order (one call for a whole allocation)."""
+        if n > self._len:
+            raise IndexError(f"pop {n} from a free queue of {self._len}")
+        sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
+        ids = []
+        block_id = next_of[sentinel]
+        for _ in range(n):
+            ids.append(block_id)
+            after = next_of[block_id]
+            prev_of[block_id] = next_of[block_id] = NOT_QUEUED
+            block_id = after
+        next_of[sentinel] = block_id
+        prev_of[block_id] = sentinel
+        self._len -= n
+        return ids
+
+    def extend(self, block_ids: Iterable[int]) -> None:
+        """Append several ids at the tail, in order."""
+        sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
+        tail = prev_of[sentinel]
+        added = 0
+        for block_id in block_ids:
+            if prev_of[block_id] != NOT_QUEUED:
+                # Undo nothing: link what came before, then refuse (a caller bug, never user input).
+                next_of[tail] = sentinel
+                prev_of[sentinel] = tail
+                self._len += added
+                raise ValueError(f"block {block_id} is already in the free queue")
+            next_of[tail] = block_id
+            prev_of[block_id] = tail
+            tail = block_id
+            added += 1
+        next_of[tail] = sentinel
+        prev_of[sentinel] = tail
+        self._len += added
+
     def append(self, block_id: int) -> None:
         """Put ``block_id`` at the tail (it will be handed out last)."""
         if self._prev[block_id] != NOT_QUEUED:

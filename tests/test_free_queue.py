@@ -71,6 +71,22 @@ class QueueMachine(RuleBasedStateMachine):
             with pytest.raises(ValueError):
                 self.q.remove(block)
 
+    @rule(n=st.integers(0, 4))
+    def pop_many(self, n):
+        if n > len(self.model):
+            with pytest.raises(IndexError):
+                self.q.pop_many(n)
+        else:
+            assert self.q.pop_many(n) == self.model[:n]
+            del self.model[:n]
+
+    @rule(blocks=st.lists(st.integers(0, N - 1), max_size=4, unique=True))
+    def extend(self, blocks):
+        if any(b in self.model for b in blocks):
+            return
+        self.q.extend(blocks)
+        self.model.extend(blocks)
+
     @invariant()
     def matches_model(self):
         assert list(self.q) == self.model
@@ -80,3 +96,19 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 TestQueueMachine = QueueMachine.TestCase
+
+
+def test_pop_many_and_extend():
+    q = FreeBlockQueue(6, range(6))
+    assert q.pop_many(0) == [] and len(q) == 6
+    assert q.pop_many(4) == [0, 1, 2, 3] and list(q) == [4, 5]
+    q.extend([2, 0])
+    assert list(q) == [4, 5, 2, 0] and len(q) == 4
+    with pytest.raises(IndexError):
+        q.pop_many(5)
+    with pytest.raises(ValueError, match="block 5 is already"):
+        q.extend([1, 5])
+    assert list(q) == [4, 5, 2, 0, 1] and len(q) == 5  # what came before the bad id is linked
+    assert q.pop_many(5) == [4, 5, 2, 0, 1] and len(q) == 0
+    q.extend([])
+    q.check()
