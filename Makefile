@@ -24,8 +24,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## Open the course in JupyterLab (served from the repository root, so lessons/ and exercises/ both show).
+## As root (Docker, cloud GPU boxes) it adds --allow-root; with no display it adds --no-browser.
 lab: install
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/lessons/00_setup.ipynb $(LAB_ARGS)
+	@extra=""; \
+	if [ "$$(id -u)" = "0" ]; then extra="$$extra --allow-root"; \
+	  echo "make lab: running as root, so JupyterLab gets --allow-root"; fi; \
+	if [ "$$(uname)" != "Darwin" ] && [ -z "$${DISPLAY:-}$${WAYLAND_DISPLAY:-}" ]; then extra="$$extra --no-browser"; \
+	  echo "make lab: no display here, so no browser opens: open the http://127.0.0.1:... link printed below"; fi; \
+	set -x; $(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/lessons/00_setup.ipynb $$extra $(LAB_ARGS)
 
 ## Every test: unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
 test: install
