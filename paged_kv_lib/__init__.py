@@ -11,6 +11,8 @@ from .block_table import BlockTable
 from .errors import (
     BlocksInUseError,
     DuplicateSequenceError,
+    InvalidArgumentError,
+    InvalidTypeError,
     InvariantError,
     OutOfBlocksError,
     PagedKVError,
@@ -30,6 +32,8 @@ __all__ = [
     "BlockTable",
     "DuplicateSequenceError",
     "FreeBlockQueue",
+    "InvalidArgumentError",
+    "InvalidTypeError",
     "InvariantError",
     "OutOfBlocksError",
     "PagedKVCacheAllocator",

@@ -5,19 +5,30 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from .errors import InvalidArgumentError, InvalidTypeError
+
 
 def as_count(value: Any, name: str, *, minimum: int = 0) -> int:
     """Return ``value`` as an int >= ``minimum``, refusing bools, floats and other types."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     number = operator.index(value)
     if number < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {number}")
     return number
 
 
 def as_seq_id(value: Any) -> int:
     """Sequence ids are plain ints (bools refused: ``True`` would alias sequence 1)."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"seq_id must be an int, got {type(value).__name__} {value!r}")
+        raise InvalidTypeError(f"seq_id must be an int, got {type(value).__name__} {value!r}")
     return operator.index(value)
+
+
+def as_fraction(value: Any, name: str) -> float:
+    """Return ``value`` as a float in [0, 1] (bools and non-numbers refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidTypeError(f"{name} must be a number in [0, 1], got {type(value).__name__} {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise InvalidArgumentError(f"{name} must be in [0, 1], got {value!r}")
+    return float(value)

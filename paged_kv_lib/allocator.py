@@ -12,6 +12,7 @@ found again by content (prefix caching), and sequences can be swapped to a CPU p
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -19,13 +20,15 @@ from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._validate import as_count, as_seq_id
+from ._validate import as_count, as_fraction, as_seq_id
 from .block import Block
 from .block_table import BlockTable
 from .cache_ops import copy_blocks, gather_tokens, slots_from_positions, transfer_blocks, write_slots
 from .errors import (
     BlocksInUseError,
     DuplicateSequenceError,
+    InvalidArgumentError,
+    InvalidTypeError,
     InvariantError,
     OutOfBlocksError,
     PositionError,
@@ -220,6 +223,15 @@ class PagedKVCacheAllocator:
         num_tokens = as_count(num_tokens, "num_tokens")
         return -(-num_tokens // self.block_size)
 
+    def watermark_blocks(self, watermark: float) -> int:
+        """Blocks an admission must leave free: ``ceil(watermark * num_blocks)``.
+
+        The one place the watermark rule lives; ``can_allocate``, ``can_append`` and
+        ``can_swap_in`` all use it, and a scheduler should ask it rather than restate it.
+        """
+        watermark = as_fraction(watermark, "watermark")
+        return math.ceil(watermark * self.num_blocks)
+
     def can_allocate(
         self,
         num_tokens: int,
@@ -230,15 +242,70 @@ class PagedKVCacheAllocator:
     ) -> bool:
         """Whether a new sequence of ``num_tokens`` tokens fits now, cache hits counted.
 
-        With a ``watermark`` it must also leave at least ``watermark * num_blocks`` blocks
-        free, headroom for the running sequences to grow.
+        With a ``watermark`` it must also leave at least ``watermark_blocks(watermark)``
+        blocks free, headroom for the running sequences to grow.
         """
         num_tokens = as_count(num_tokens, "num_tokens")
-        if not isinstance(watermark, (int, float)) or isinstance(watermark, bool) or not 0.0 <= watermark <= 1.0:
-            raise ValueError(f"watermark must be a number in [0, 1], got {watermark!r}")
+        reserve = self.watermark_blocks(watermark)
         plan = self._plan_prompt(num_tokens, token_ids, extra_key)
-        left = len(self._free) - plan.taken_from_free
-        return left >= 0 and left >= watermark * self.num_blocks
+        return len(self._free) - plan.taken_from_free >= reserve
+
+    def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
+        """Free blocks ``append_tokens(seq_id, num_tokens)`` would take now.
+
+        That is the new blocks the longer sequence needs, plus one when its last block is
+        shared and not full (the write copies it first: copy-on-write). Asked about this
+        sequence alone; :meth:`can_append` counts a tail shared by several growing
+        sequences once per copy actually made.
+        """
+        table = self._table(as_seq_id(seq_id))
+        num_tokens = as_count(num_tokens, "num_tokens")
+        new_blocks, copy = self._append_cost(table, num_tokens)
+        return new_blocks + copy
+
+    def can_append(self, seq_ids: Iterable[int], num_tokens: int = 1, *, watermark: float = 0.0) -> bool:
+        """Whether every listed sequence can grow by ``num_tokens`` in the same step.
+
+        The blocks they take together (new blocks, plus the copies of shared tails: a tail
+        held by ``r`` tables and grown by ``k`` of them is copied ``min(k, r - 1)`` times,
+        since the last holder writes in place) must leave ``watermark_blocks(watermark)``
+        free. Unknown or swapped-out ids raise; so does an id listed twice.
+        """
+        num_tokens = as_count(num_tokens, "num_tokens")
+        reserve = self.watermark_blocks(watermark)
+        if not isinstance(seq_ids, Iterable):
+            raise InvalidTypeError(f"seq_ids must be an iterable of ints, got {type(seq_ids).__name__} {seq_ids!r}")
+        ids = [as_seq_id(s) for s in seq_ids]
+        growing: Dict[int, int] = {}  # shared tail block id -> how many listed sequences grow it
+        needed = 0
+        seen = set()
+        for seq_id in ids:
+            if seq_id in seen:
+                raise InvalidArgumentError(f"sequence {seq_id} is listed twice in can_append")
+            seen.add(seq_id)
+            table = self._table(seq_id)
+            new_blocks, copy = self._append_cost(table, num_tokens)
+            needed += new_blocks
+            if copy:
+                tail = table.block_ids[-1]
+                growing[tail] = growing.get(tail, 0) + 1
+        for tail, growers in growing.items():
+            needed += min(growers, self._blocks[tail].ref_count - 1)
+        return len(self._free) - needed >= reserve
+
+    def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
+        """Whether a swapped-out sequence fits back on the device now, leaving the watermark free.
+
+        It takes one fresh device block per block it holds in the CPU pool. Unknown ids
+        raise :class:`UnknownSequenceError`; resident ones :class:`SequenceStateError`.
+        """
+        seq_id = as_seq_id(seq_id)
+        reserve = self.watermark_blocks(watermark)
+        table = self._swapped.get(seq_id)
+        if table is None:
+            self._table(seq_id)  # raises for unknown ids
+            raise SequenceStateError(f"sequence {seq_id} is not swapped out")
+        return len(self._free) - len(table.block_ids) >= reserve
 
     def allocate_for_sequence(
         self,
@@ -694,9 +761,7 @@ class PagedKVCacheAllocator:
             tokens = None
         old_len = table.num_tokens
         new_len = old_len + num_tokens
-        capacity = len(table.block_ids) * self.block_size
-        cow = num_tokens > 0 and old_len < capacity and self._blocks[table.block_ids[-1]].ref_count > 1
-        needed = max(0, -(-new_len // self.block_size) - len(table.block_ids))
+        needed, cow = self._append_cost(table, num_tokens)
         if cow + needed > len(self._free):
             raise OutOfBlocksError(cow + needed, len(self._free), f"grow sequence {seq_id} to {new_len} tokens")
         placed = [self._copy_on_write(table, len(table.block_ids) - 1)[1]] if cow else []
@@ -717,6 +782,16 @@ class PagedKVCacheAllocator:
             self._register(table, first_new_key)
         self._refresh_limit(table)
         return tuple(placed)
+
+    def _append_cost(self, table: BlockTable, num_tokens: int) -> Tuple[int, bool]:
+        """(new blocks, whether the shared last block is copied) for growing ``table`` by ``num_tokens``.
+
+        ``_grow`` and the scheduler's questions share it, so the prediction is the act.
+        """
+        old_len = table.num_tokens
+        ids = table.block_ids
+        copy = num_tokens > 0 and old_len < len(ids) * self.block_size and self._blocks[ids[-1]].ref_count > 1
+        return max(0, -(-(old_len + num_tokens) // self.block_size) - len(ids)), copy
 
     def _refresh_limit(self, table: BlockTable) -> None:
         """Recompute up to what length the fast path of ``append_tokens`` may grow this table."""

@@ -13,6 +13,14 @@ class PagedKVError(Exception):
     """Base class of every error raised by paged_kv_lib."""
 
 
+class InvalidArgumentError(PagedKVError, ValueError):
+    """An argument has the right type but a value outside what the call accepts."""
+
+
+class InvalidTypeError(PagedKVError, TypeError):
+    """An argument has the wrong type (for example a bool or a float where an int id belongs)."""
+
+
 class UnknownSequenceError(PagedKVError, ValueError):
     """The sequence id is not allocated."""
 
