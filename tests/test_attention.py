@@ -23,6 +23,8 @@ from paged_kv_lib.attention import (
     triton_available,
 )
 from paged_kv_lib.attention import api
+from paged_kv_lib.attention.batched import paged_attention_batched, paged_attention_extend_batched
+from paged_kv_lib.attention.reference import paged_attention_extend_reference, paged_attention_reference
 from paged_kv_lib.attention.testing import TOLERANCES, make_paged_batch, sdpa_decode, sdpa_extend
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -138,6 +140,71 @@ def test_extend_is_causal():
     after = paged_attention_extend(*args, backend="torch")
     torch.testing.assert_close(after[:5], before[:5])
     assert not torch.allclose(after[5], before[5])
+
+
+# ------------------------------------------------------- batched torch vs the reference
+def _reference_shapes(draw, with_queries: bool):
+    """Ragged fp32 batches, zero-length sequences included, for the batched-vs-reference tests."""
+    num_kv_heads = draw(st.integers(1, 3))
+    lens = draw(st.lists(st.integers(0, 70), min_size=1, max_size=5))
+    shape = dict(
+        seq_lens=lens,
+        num_kv_heads=num_kv_heads,
+        num_q_heads=num_kv_heads * draw(st.sampled_from([1, 2, 4])),
+        head_dim=draw(st.sampled_from([16, 32, 64])),
+        block_size=draw(st.sampled_from([1, 2, 3, 4, 8, 16, 32])),
+        spare_blocks=draw(st.integers(0, 3)),
+        pad_columns=draw(st.integers(0, 3)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+    if with_queries:
+        shape["query_lens"] = [draw(st.integers(0, n)) for n in lens]
+    return shape
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_batched_decode_equals_the_reference(data):
+    """Every unowned slot (tails, spare blocks, what -1 padding reads) holds NaN: none may leak."""
+    batch = make_paged_batch(**_reference_shapes(data.draw, with_queries=False), poison=True)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
+    out = paged_attention_batched(*args)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, paged_attention_reference(*args), rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_batched_extend_equals_the_reference(data):
+    batch = make_paged_batch(**_reference_shapes(data.draw, with_queries=True), poison=True)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc)
+    out = paged_attention_extend_batched(*args)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, paged_attention_extend_reference(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_batched_padding_reads_block_zero_and_ignores_it():
+    """A -1 table entry is read as block 0; poisoning block 0 must not change the answer."""
+    batch = make_paged_batch([3, 20], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4, spare_blocks=1)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
+    owner = int(torch.nonzero(batch.block_tables == 0)[0, 0]) if bool((batch.block_tables == 0).any()) else None
+    before = paged_attention_batched(*args)
+    if owner is None:  # block 0 is a spare: fill it with NaN outright
+        batch.k_cache[0] = float("nan")
+        batch.v_cache[0] = float("nan")
+    after = paged_attention_batched(*args)
+    assert not after.isnan().any()
+    torch.testing.assert_close(after, before)
+    torch.testing.assert_close(after, paged_attention_reference(*args))
+
+
+def test_torch_backend_runs_the_batched_path(monkeypatch):
+    calls = []
+    real = api.paged_attention_batched
+    monkeypatch.setattr(api, "paged_attention_batched", lambda *a: calls.append(1) or real(*a))
+    batch = make_paged_batch([5, 9], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4)
+    paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, backend="torch")
+    assert calls == [1]
 
 
 # ------------------------------------------------------------------ with the allocator

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from . import _checks
-from .reference import paged_attention_extend_reference, paged_attention_reference
+from .batched import paged_attention_batched, paged_attention_extend_batched
 
 TRITON_HINT = "the triton backend needs Triton: pip install 'paged-kv[triton]'"
 
@@ -68,7 +68,7 @@ def paged_attention(
         seq_lens: int32/int64 ``[num_seqs]``, tokens cached per sequence. A sequence of
             length 0 gets an all-zero output row.
         scale: softmax scale, ``1/sqrt(head_dim)`` by default.
-        backend: ``"torch"`` (the reference), ``"triton"`` (the kernel; CPU tensors need
+        backend: ``"torch"`` (batched torch, ``batched.py``), ``"triton"`` (the kernel; CPU tensors need
             ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton for CUDA tensors if installed).
         num_splits: Triton only: cut each sequence into this many chunks (a power of
             two; split-K). ``None`` chooses by ``choose_num_splits``. Torch ignores it.
@@ -87,7 +87,7 @@ def paged_attention(
         _checks.check_values(block_tables, seq_lens, k_cache.shape[0], k_cache.shape[2])
 
     if backend == "torch":
-        return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return paged_attention_batched(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return _triton_module().paged_attention_triton(
         q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits=num_splits
     )
@@ -140,7 +140,7 @@ def paged_attention_extend(
                 raise ValueError(f"max_query_len={max_query_len} is less than the longest query ({actual})")
 
     if backend == "torch":
-        return paged_attention_extend_reference(
+        return paged_attention_extend_batched(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
         )
     return _triton_module().paged_attention_extend_triton(

@@ -2,7 +2,8 @@
 
 This is the version a lesson reads line by line. It is slow on purpose (one Python loop
 iteration per sequence) and exact: every score and the softmax are computed in float32.
-The Triton kernel in ``triton_kernel.py`` must give the same answers.
+It is the oracle: the batched torch path the ``"torch"`` backend runs (``batched.py``)
+and the Triton kernels in ``triton_kernel.py`` must give the same answers.
 """
 
 from __future__ import annotations
