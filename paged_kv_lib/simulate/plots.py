@@ -6,20 +6,14 @@ from typing import List, Optional, Sequence
 
 from .metrics import PARTS, SimResult
 
-PART_LABELS = {
-    "token_states": "token states",
-    "reserved": "reserved (future tokens)",
-    "internal": "internal fragmentation",
-    "external": "external fragmentation",
-    "free": "free",
-}
-PART_COLORS = {
-    "token_states": "#2e7d32",
-    "reserved": "#f9a825",
-    "internal": "#c62828",
-    "external": "#6a1b9a",
-    "free": "#bdbdbd",
-}
+
+
+def _palette():
+    # The course's one palette lives with the views; imported here, when a chart is drawn,
+    # so the simulation itself never loads the widget stack.
+    from ..viz.colors import MEMORY_PART_COLORS, MEMORY_PART_LABELS, text_color_on
+
+    return MEMORY_PART_COLORS, MEMORY_PART_LABELS, text_color_on
 
 
 def label(result: SimResult) -> str:
@@ -51,7 +45,7 @@ def plot_results(results: Sequence[SimResult], path: Optional[str] = None, title
     if sweep:
         _sweep(axes[0][2], paged)
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=len(PARTS), fontsize=8, frameon=False)
+    fig.legend(handles, names, loc="lower center", ncol=len(PARTS), fontsize=9, frameon=False)
     if title:
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
@@ -62,15 +56,17 @@ def plot_results(results: Sequence[SimResult], path: Optional[str] = None, title
 
 
 def _breakdown(ax, results: Sequence[SimResult]) -> None:
+    colors, labels, text_color_on = _palette()
     names = [label(r) for r in results]
     bottom = [0.0] * len(results)
     for part in PARTS:
         values = [100 * getattr(r, part) for r in results]
-        ax.bar(names, values, bottom=bottom, color=PART_COLORS[part], label=PART_LABELS[part])
+        ax.bar(names, values, bottom=bottom, color=colors[part], label=labels[part])
+        for i, (b, v) in enumerate(zip(bottom, values)):
+            if v >= 6:  # a direct label on every segment tall enough to hold one
+                ax.text(i, b + v / 2, f"{v:.0f}", ha="center", va="center", fontsize=9,
+                        color=text_color_on(colors[part]))
         bottom = [b + v for b, v in zip(bottom, values)]
-    for i, r in enumerate(results):
-        ax.text(i, 100 * r.token_states / 2, f"{100 * r.token_states:.0f}", ha="center", va="center",
-                fontsize=8, color="white")
     ax.set_ylabel("KV-cache capacity (%)")
     ax.set_ylim(0, 100)
     ax.set_title("Where the KV-cache memory goes")
@@ -80,9 +76,9 @@ def _breakdown(ax, results: Sequence[SimResult]) -> None:
 def _batches(ax, results: Sequence[SimResult]) -> None:
     names = [label(r) for r in results]
     values = [r.mean_batch for r in results]
-    ax.bar(names, values, color=["#1565c0" if r.block_size is not None else "#78909c" for r in results])
+    ax.bar(names, values, color=["#0072b2" if r.block_size is not None else "#888888" for r in results])
     for i, v in enumerate(values):
-        ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+        ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("mean running requests")
     ax.set_title("Batch size")
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
@@ -91,16 +87,25 @@ def _batches(ax, results: Sequence[SimResult]) -> None:
 def _sweep(ax, paged: List[SimResult]) -> None:
     rows = sorted(paged, key=lambda r: r.block_size)
     sizes = [r.block_size for r in rows]
+    colors, labels, _ = _palette()
     for part in ("token_states", "reserved", "internal", "free"):
-        ax.plot(sizes, [100 * getattr(r, part) for r in rows], marker="o", color=PART_COLORS[part],
-                label=PART_LABELS[part].split(" (")[0])
+        ax.plot(sizes, [100 * getattr(r, part) for r in rows], marker="o", color=colors[part],
+                label=labels[part].split(" (")[0])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("capacity (%)")
     ax.set_title("Paged: block size sweep")
     twin = ax.twinx()
-    twin.plot(sizes, [r.mean_batch for r in rows], marker="s", linestyle="--", color="#1565c0", label="mean batch")
+    twin.plot(sizes, [r.mean_batch for r in rows], marker="s", linestyle="--", color="#222222", label="mean batch")
     twin.set_ylabel("mean running requests")
     lines, names = ax.get_legend_handles_labels()
     more, more_names = twin.get_legend_handles_labels()
-    ax.legend(lines + more, names + more_names, fontsize=7, loc="center right")
+    ax.legend(lines + more, names + more_names, fontsize=9, loc="center right")
+
+
+def __getattr__(name: str):
+    # PART_COLORS / PART_LABELS: the old names of the palette, now defined once in viz/colors.py.
+    if name in ("PART_COLORS", "PART_LABELS"):
+        colors, labels, _ = _palette()
+        return colors if name == "PART_COLORS" else labels
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

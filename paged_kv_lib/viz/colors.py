@@ -8,20 +8,35 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-# Ten well-separated colours (Tableau-like), without grey or pale yellow: those mean
-# "free" and "cached" in every view.
+# Ten colours told apart with the common colour-vision deficiencies too: Okabe and Ito's set
+# (minus black and yellow) followed by Paul Tol's muted ones. No grey or pale yellow: those mean
+# "free" and "cached" in every view. Text never uses them: a label is dark text beside a swatch.
 SEQUENCE_PALETTE: Tuple[str, ...] = (
-    "#4e79a7",  # blue
-    "#f28e2b",  # orange
-    "#59a14f",  # green
-    "#e15759",  # red
-    "#b07aa1",  # purple
-    "#76b7b2",  # teal
-    "#9c755f",  # brown
-    "#ff9da7",  # pink
-    "#2f4b7c",  # navy
-    "#8cd17d",  # light green
+    "#0072b2",  # blue
+    "#e69f00",  # orange
+    "#009e73",  # bluish green
+    "#cc79a7",  # reddish purple
+    "#56b4e9",  # sky blue
+    "#d55e00",  # vermillion
+    "#332288",  # indigo
+    "#999933",  # olive
+    "#882255",  # wine
+    "#44aa99",  # teal
 )
+
+# The five parts of KV memory, bottom of a stacked bar to top: (key, label, colour). Every chart
+# of the course draws them in these colours (blue shades for what holds or will hold tokens,
+# orange and purple for the two kinds of waste, grey for free), safe under deuteranopia and
+# protanopia, and with no red set against green.
+MEMORY_PARTS: Tuple[Tuple[str, str, str], ...] = (
+    ("token_states", "token states (K/V in use)", "#0072b2"),
+    ("reserved", "reserved for future tokens", "#56b4e9"),
+    ("internal", "internal fragmentation", "#e69f00"),
+    ("external", "external fragmentation", "#882255"),
+    ("free", "free", "#d9d9d9"),
+)
+MEMORY_PART_COLORS: Dict[str, str] = {key: color for key, _, color in MEMORY_PARTS}
+MEMORY_PART_LABELS: Dict[str, str] = {key: label for key, label, _ in MEMORY_PARTS}
 
 # Fill / outline of blocks that no sequence holds.
 FREE_FILL = "#f2f2f2"

@@ -9,13 +9,12 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-# Canonical categories of a memory breakdown, bottom of the bar to top, with label and colour.
-BREAKDOWN_CATEGORIES: Tuple[Tuple[str, str, str], ...] = (
-    ("tokens", "token states (K/V in use)", "#4e79a7"),
-    ("reserved", "reserved, not yet used", "#a0cbe8"),
-    ("internal", "internal fragmentation", "#f28e2b"),
-    ("external", "external fragmentation", "#e15759"),
-    ("free", "free", "#d9d9d9"),
+from .colors import MEMORY_PARTS, text_color_on
+
+# Canonical categories of a memory breakdown, bottom of the bar to top, with label and colour
+# (the course's one palette, from colors.py; "tokens" is this module's short key for token states).
+BREAKDOWN_CATEGORIES: Tuple[Tuple[str, str, str], ...] = tuple(
+    ("tokens" if key == "token_states" else key, label, color) for key, label, color in MEMORY_PARTS
 )
 _ALIASES = {
     "token_states": "tokens",
@@ -104,8 +103,7 @@ def plot_memory_breakdown(
             share = r[key] / total if total else 0.0
             if share >= 0.06:  # label only segments tall enough to hold text
                 ax.text(bar.get_x() + bar.get_width() / 2, bottom + h / 2, f"{share:.0%}",
-                        ha="center", va="center", fontsize=9,
-                        color="white" if key in ("tokens", "external") else "#222222")
+                        ha="center", va="center", fontsize=9, color=text_color_on(color))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_ylabel("share of the cache (%)" if percent else unit)
     if percent:

@@ -27,7 +27,7 @@ from .colors import (
 )
 
 FONT = "system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif"
-CELL_W = 52
+CELL_W = 58
 HEADER_H = 14
 BODY_H = 30
 CELL_H = HEADER_H + BODY_H
@@ -64,12 +64,28 @@ def _text(x: float, y: float, text: str, *, size: int = 11, anchor: str = "start
                font_weight=weight, fill=fill, **attrs)
 
 
+def _seq_label(x: float, baseline: float, seq_id: int, text: str) -> str:
+    """A sequence's name in dark text beside a swatch of its colour (coloured text reads badly)."""
+    swatch = _el("rect", x=x, y=baseline - 9, width=10, height=10, rx=2, fill=seq_color(seq_id),
+                 stroke=TEXT_DARK, stroke_width=0.5)
+    return swatch + _text(x + 14, baseline, text, size=11, weight="bold")
+
+
+def _hover_style(seq_ids: Iterable[int]) -> str:
+    """CSS that brightens a sequence's links while the pointer is on its label (inline SVG only)."""
+    rules = "".join(
+        f'.pkv-svg:has(.pkv-seq-label[data-seq="{s}"]:hover) .pkv-link[data-seq="{s}"]'
+        "{stroke-opacity:1;stroke-width:3}"
+        for s in sorted(set(seq_ids)))
+    return f"<style>{rules}</style>" if rules else ""
+
+
 def _svg(width: float, height: float, parts: Iterable[str], label: str, kind: str) -> str:
     body = "".join(parts)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="pkv-svg pkv-{kind}" '
         f'width="{_fmt(width)}" height="{_fmt(height)}" viewBox="0 0 {_fmt(width)} {_fmt(height)}" '
-        f'role="img" aria-label="{html.escape(label, quote=True)}" '
+        f'style="max-width:100%;height:auto" role="img" aria-label="{html.escape(label, quote=True)}" '
         f'font-family="{html.escape(FONT, quote=True)}">'
         f"{body}</svg>"
     )
@@ -112,7 +128,7 @@ def _pill(cx: float, cy: float, text: str) -> List[str]:
     w = _approx_text_width(text, 10) + 8
     return [
         _el("rect", x=cx - w / 2, y=cy - 7, width=w, height=14, rx=7, fill="#ffffff", fill_opacity=0.88),
-        _text(cx, cy + 3.5, text, size=10, anchor="middle"),
+        _text(cx, cy + 3.5, text, size=11, anchor="middle"),
     ]
 
 
@@ -146,9 +162,9 @@ def pool_block(block: Dict[str, Any], x: float, y: float, *, highlight_offset: O
     parts = [_el("title", html.escape(_block_tooltip(block)))]
     body_y = y + HEADER_H
     parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill="#ffffff"))
-    parts.append(_text(x + 3, y + 11, f"#{block['block_id']}", size=10, weight="bold"))
+    parts.append(_text(x + 3, y + 11, f"#{block['block_id']}", size=11, weight="bold"))
     if state == "used":
-        parts.append(_text(x + CELL_W - 3, y + 11, f"{block['fill']}/{size}", size=9,
+        parts.append(_text(x + CELL_W - 3, y + 11, f"{block['fill']}/{size}", size=11,
                            anchor="end", fill=MUTED_TEXT))
         parts += _fill_rows(x, body_y, [seq_color(s) for s in block["owners"]] or ["#888888"],
                             block["fill"], size)
@@ -160,7 +176,7 @@ def pool_block(block: Dict[str, Any], x: float, y: float, *, highlight_offset: O
     else:
         fill, stroke = (CACHED_FILL, CACHED_STROKE) if state == "cached" else (FREE_FILL, FREE_STROKE)
         parts.append(_el("rect", x=x, y=body_y, width=CELL_W, height=BODY_H, fill=fill))
-        parts.append(_text(x + CELL_W / 2, body_y + BODY_H / 2 + 4, state, size=10,
+        parts.append(_text(x + CELL_W / 2, body_y + BODY_H / 2 + 4, state, size=11,
                            anchor="middle", fill=MUTED_TEXT))
         dash, width = ("4 2" if state == "free" else None), 1
     parts.append(_el("rect", x=x, y=y, width=CELL_W, height=CELL_H, fill="none", stroke=stroke,
@@ -189,8 +205,8 @@ def logical_block(seq_id: int, entry: Dict[str, Any], block_size: int, x: float,
                + (f", shared (ref_count {entry['ref_count']})" if entry["shared"] else ""))
     parts = [_el("title", html.escape(tooltip))]
     parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill="#ffffff"))
-    parts.append(_text(x + 3, y + 11, f"L{entry['logical']}", size=10, weight="bold", fill=color))
-    parts.append(_text(x + CELL_W - 3, y + 11, f"{entry['fill']}/{block_size}", size=9,
+    parts.append(_text(x + 3, y + 11, f"L{entry['logical']}", size=11, weight="bold"))
+    parts.append(_text(x + CELL_W - 3, y + 11, f"{entry['fill']}/{block_size}", size=11,
                        anchor="end", fill=MUTED_TEXT))
     parts += _fill_rows(x, y + HEADER_H, [color], entry["fill"], block_size)
     parts += _pill(x + CELL_W / 2, y + HEADER_H + BODY_H / 2, f"\u2192#{entry['block_id']}")
@@ -216,14 +232,14 @@ def _grid_height(count: int, columns: int) -> float:
 
 
 def _link(start: Point, end: Point, color: str, *, width: float = 1.5, opacity: float = 0.45,
-          cls: str = "pkv-link") -> str:
+          cls: str = "pkv-link", seq_id: Optional[int] = None) -> str:
     """A smooth curve from a logical block's edge to its physical block's edge (either above the other)."""
     (x1, y1), (x2, y2) = start, end
     dy = y2 - y1
     bend = max(20.0, abs(dy) * 0.45) * (1 if dy >= 0 else -1)
     d = f"M{_fmt(x1)} {_fmt(y1)}C{_fmt(x1)} {_fmt(y1 + bend)} {_fmt(x2)} {_fmt(y2 - bend)} {_fmt(x2)} {_fmt(y2)}"
     return _el("path", class_=cls, d=d, fill="none", stroke=color, stroke_width=width,
-               stroke_opacity=opacity)
+               stroke_opacity=opacity, data_seq=seq_id)
 
 
 def legend_items(seq_ids: Iterable[int], *, shared: bool = False, cached: bool = True,
@@ -285,7 +301,7 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
     for i in range(0, len(blocks), columns):
         parts.append(_text(pool_x - 8, pool_pos[i][1] + CELL_H / 2 + 4,
                            f"blocks {blocks[i]['block_id']}\u2013{blocks[min(i + columns, len(blocks)) - 1]['block_id']}",
-                           size=10, anchor="end", fill=MUTED_TEXT))
+                           size=11, anchor="end", fill=MUTED_TEXT))
     for block, (bx, by) in zip(blocks, pool_pos):
         parts.append(pool_block(block, bx, by))
     where = {b["block_id"]: p for b, p in zip(blocks, pool_pos)}
@@ -298,15 +314,16 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
         y += LINE_H + 8
     for row in rows:
         color = seq_color(row["seq_id"])
-        parts.append(_el("g", _text(MARGIN, y + CELL_H / 2 + 4, f"seq {row['seq_id']} \u00b7 {row['num_tokens']} tok",
-                                    size=11, weight="bold", fill=color), class_="pkv-seq-label",
+        parts.append(_el("g", _seq_label(MARGIN, y + CELL_H / 2 + 4, row["seq_id"],
+                                         f"seq {row['seq_id']} \u00b7 {row['num_tokens']} tok"), class_="pkv-seq-label",
                          data_seq=row["seq_id"], data_tokens=row["num_tokens"]))
         for i, entry in enumerate(row["blocks"]):
             lx = pool_x + i * (CELL_W + GAP)
             parts.append(logical_block(row["seq_id"], entry, size, lx, y))
             if links and entry["block_id"] in where:
                 px, py = where[entry["block_id"]]
-                links_parts.append(_link((lx + CELL_W / 2, y), (px + CELL_W / 2, py + CELL_H), color))
+                links_parts.append(_link((lx + CELL_W / 2, y), (px + CELL_W / 2, py + CELL_H), color,
+                                         seq_id=row["seq_id"]))
         widest = max(widest, len(row["blocks"]))
         y += CELL_H + GAP
     for row in model.get("swapped", ()):
@@ -314,7 +331,7 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
         text = f"swapped out to the CPU pool: {row['num_tokens']} tokens, no device blocks"
         parts.append(_el(
             "g",
-            _text(MARGIN, y + 15, f"seq {row['seq_id']}", size=11, weight="bold", fill=color)
+            _seq_label(MARGIN, y + 15, row["seq_id"], f"seq {row['seq_id']}")
             + _el("rect", x=pool_x, y=y + 2, width=_approx_text_width(text) + 16, height=20, rx=3,
                   fill="#ffffff", stroke=color, stroke_dasharray="4 2")
             + _text(pool_x + 8, y + 16, text, size=11, fill=MUTED_TEXT),
@@ -328,7 +345,7 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
     height = y + 8 + legend_h + MARGIN
     label = f"paged KV pool with {len(blocks)} blocks and {len(rows)} sequences"
     # Links first, so the blocks are drawn over them.
-    return _svg(width, height, links_parts + parts + legend_parts, label, "block-table")
+    return _svg(width, height, [_hover_style(seqs)] + links_parts + parts + legend_parts, label, "block-table")
 
 
 def render_free_queue(entries: Sequence[Dict[str, Any]], num_blocks: int, *, columns: int = 16) -> str:
@@ -355,9 +372,9 @@ def render_free_queue(entries: Sequence[Dict[str, Any]], num_blocks: int, *, col
                     stroke_dasharray=None if entry["state"] == "cached" else "4 2"),
                 _text(x + w / 2, y + h / 2 + 4, f"#{entry['block_id']}", size=11, anchor="middle", weight="bold")]
         if i == 0:
-            cell.append(_text(x + w / 2, y - 5, "head", size=10, anchor="middle", fill=MUTED_TEXT))
+            cell.append(_text(x + w / 2, y - 5, "head", size=11, anchor="middle", fill=MUTED_TEXT))
         if i == len(entries) - 1:
-            cell.append(_text(x + w / 2, y - 5 if i else y + h + 12, "tail", size=10, anchor="middle",
+            cell.append(_text(x + w / 2, y - 5 if i else y + h + 12, "tail", size=11, anchor="middle",
                               fill=MUTED_TEXT))
         if i + 1 < len(entries) and (i + 1) % columns:
             cell.append(_el("path", d=f"M{x + w + 2} {y + h / 2}h{gap - 6}m-4 -3l4 3l-4 3",
@@ -388,8 +405,8 @@ def render_translation(model: Dict[str, Any], *, columns: int = 16) -> str:
                            fill=MUTED_TEXT))
         return _svg(420, 40, parts, "address translation (no sequence)", "translation")
     color = seq_color(t["seq_id"])
-    parts.append(_el("g", _text(MARGIN, y + CELL_H / 2 + 4, f"seq {t['seq_id']}", size=11, weight="bold",
-                                fill=color), class_="pkv-seq-label", data_seq=t["seq_id"]))
+    parts.append(_el("g", _seq_label(MARGIN, y + CELL_H / 2 + 4, t["seq_id"], f"seq {t['seq_id']}"),
+                     class_="pkv-seq-label", data_seq=t["seq_id"]))
     logical_pos = {}
     for i, entry in enumerate(row["blocks"]):
         lx = x0 + i * (CELL_W + GAP)

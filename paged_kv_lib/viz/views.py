@@ -19,6 +19,7 @@ import ipywidgets as widgets
 
 from ..errors import PositionError, UnknownSequenceError
 from . import snapshot, svg
+from .static import PicturedBox, PicturedHTML
 
 
 # ipywidgets' HTML widget sets a tall line height for one-line labels; text blocks need a normal one.
@@ -64,7 +65,7 @@ class _View:
     def widget(self) -> widgets.Widget:
         """The live widget (the same object on every call); :meth:`refresh` redraws it."""
         if self._box is None:
-            self._html = widgets.HTML(value=self.to_html(inline=True))
+            self._html = PicturedHTML(self.to_html(inline=True), self.to_html, text=self.summary)
             self._box = self._build(self._html)
         return self._box
 
@@ -257,8 +258,8 @@ class AddressTranslationView(_View):
         self._seq_select.observe(self._on_seq, names="value")
         self._slider.observe(self._on_position, names="value")
         self._sync_controls()
-        return widgets.VBox([widgets.HBox([self._seq_select, self._slider]), html_widget],
-                            layout=widgets.Layout(overflow="auto"))
+        return PicturedBox([widgets.HBox([self._seq_select, self._slider]), html_widget], self.to_html,
+                           text=self.summary, layout=widgets.Layout(overflow="auto"))
 
     def _on_seq(self, change: Dict[str, Any]) -> None:
         if not self._syncing and change["new"] is not None:
