@@ -17,7 +17,7 @@ def make(num_blocks=8, block_size=4):
 
 def test_add_sequence_button_allocates_and_redraws():
     pg = Playground(make(), columns=8)
-    pg.prompt_tokens.value = 9
+    pg.prompt_tokens.value = "9"
     pg.add_button.click()
     alloc = pg.allocator
     assert alloc.seq_ids == (0,)
@@ -39,7 +39,7 @@ def test_too_large_sequence_shows_the_error_and_changes_nothing():
     pg.add_sequence(5)
     before = snapshot(pg.allocator)
     log_before = list(pg.log)
-    pg.prompt_tokens.value = 100
+    pg.prompt_tokens.value = "100"
     pg.add_button.click()  # must not raise
     assert_same_state(before, snapshot(pg.allocator))
     twin = make(num_blocks=4, block_size=4)
@@ -49,7 +49,7 @@ def test_too_large_sequence_shows_the_error_and_changes_nothing():
     assert pg.log[:-1] == log_before
     assert pg.log[-1] == f"error: OutOfBlocksError: {expected.value}"
     assert 'data-kind="error"' in pg.log_html.value and str(expected.value) in pg.log_html.value
-    pg.prompt_tokens.value = 3
+    pg.prompt_tokens.value = "3"
     pg.add_button.click()
     assert 1 in pg.allocator.seq_ids  # the refused id is used by the next sequence
 
@@ -59,7 +59,7 @@ def test_append_button_grows_the_selected_sequence():
     pg.add_sequence(4)
     pg.add_sequence(2)
     pg.seq_select.value = 0
-    pg.num_tokens.value = 5
+    pg.num_tokens.value = "5"
     pg.append_button.click()
     alloc = pg.allocator
     assert alloc.get_num_tokens(0) == 9
@@ -68,7 +68,7 @@ def test_append_button_grows_the_selected_sequence():
     new = alloc.get_block_mapping(0)[1:]
     assert pg.log[-1] == f"seq 0: +5 tokens (9 in all), new blocks {new}"
     pg.seq_select.value = 1
-    pg.num_tokens.value = 1
+    pg.num_tokens.value = "1"
     pg.append_button.click()
     assert pg.log[-1] == "seq 1: +1 tokens (3 in all), no new block"
 
@@ -113,7 +113,7 @@ def test_fork_button_shares_blocks_or_explains_why_not():
     assert pg.log[-1] == f"forked seq 0 -> seq 1: shares blocks {alloc.get_block_mapping(0)}"
     assert pg.seq_select.value == 1
     # Appending to the child writes into the shared last block: copy-on-write must give it its own.
-    pg.num_tokens.value = 1
+    pg.num_tokens.value = "1"
     pg.append_button.click()
     assert alloc.get_block_mapping(1)[-1] != alloc.get_block_mapping(0)[-1]
     assert "copy-on-write" in pg.log[-1]

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import ipywidgets as widgets
 
 from ..allocator import PagedKVCacheAllocator
+from . import snapshot
 from .views import AddressTranslationView, BlockTableView, FreeQueueView
 
 OK, ERROR = "ok", "error"
@@ -28,15 +29,37 @@ def _accepts_keyword(method: Callable[..., Any], name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
+# Token ids are vocabulary indices: whole numbers from 0 to this (what an int32 id tensor holds).
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def _whole_number(word: str) -> Optional[int]:
+    word = word.strip()
+    return int(word) if word.isascii() and word.isdigit() else None
+
+
+def parse_count(text: Any, what: str) -> int:
+    """A box's text as a count of tokens: ``"12"`` -> 12; ``"2.5"``, ``"-5"`` or ``"x"`` -> ValueError, in words."""
+    value = text if type(text) is int else _whole_number(str(text))
+    if value is None or value < 0:
+        raise ValueError(f"{what} must be a whole number of tokens, 0 or more; got {str(text).strip()!r}")
+    return value
+
+
 def parse_token_ids(text: str) -> Optional[List[int]]:
     """``"1 2, 3"`` -> ``[1, 2, 3]``; blank -> ``None`` (no token ids, just a count)."""
     words = text.replace(",", " ").split()
     if not words:
         return None
-    try:
-        return [int(w) for w in words]
-    except ValueError:
-        raise ValueError(f"token ids must be whole numbers separated by spaces, got {text!r}") from None
+    ids = []
+    for word in words:
+        value = _whole_number(word)
+        if value is None:
+            raise ValueError(f"token ids must be whole numbers (0 or more) separated by spaces; {word!r} is not")
+        if value > MAX_TOKEN_ID:
+            raise ValueError(f"token id {word} is too large: ids run from 0 to {MAX_TOKEN_ID}")
+        ids.append(value)
+    return ids
 
 
 class Playground:
@@ -72,9 +95,15 @@ class Playground:
         columns: int = 16,
         max_log_lines: int = 8,
     ) -> None:
+        self._factory: Optional[Callable[[], PagedKVCacheAllocator]] = None
         if allocator is None:
             cpu = num_blocks if num_cpu_blocks is None else num_cpu_blocks
-            allocator = PagedKVCacheAllocator(num_blocks, block_size, num_heads, head_dim, num_cpu_blocks=cpu)
+
+            def factory() -> PagedKVCacheAllocator:
+                return PagedKVCacheAllocator(num_blocks, block_size, num_heads, head_dim, num_cpu_blocks=cpu)
+
+            self._factory = factory
+            allocator = factory()
         self.allocator = allocator
         self.max_log_lines = max_log_lines
         self._entries: List[Tuple[str, str]] = []
@@ -90,8 +119,9 @@ class Playground:
 
     def _build_controls(self) -> None:
         narrow = {"description_width": "initial"}
-        self.prompt_tokens = widgets.BoundedIntText(
-            value=2 * self.allocator.block_size + 1, min=0, max=1_000_000, description="prompt tokens",
+        # Text boxes, not IntText: the program reads what was typed and refuses "2.5" or "-5" in words.
+        self.prompt_tokens = widgets.Text(
+            value=str(2 * self.allocator.block_size + 1), description="prompt tokens",
             style=narrow, layout=widgets.Layout(width="170px"))
         self.token_ids = widgets.Text(
             value="", placeholder="optional: token ids, e.g. 1 2 3 4 5", description="token ids",
@@ -99,29 +129,34 @@ class Playground:
             tooltip="With prefix caching, prompts that share token ids share full blocks")
         self.add_button = widgets.Button(description="add sequence", button_style="primary",
                                          tooltip="allocate a new sequence for the prompt", icon="plus")
-        self.seq_select = widgets.Dropdown(description="sequence", layout=widgets.Layout(width="210px"))
-        self.num_tokens = widgets.BoundedIntText(value=1, min=0, max=1_000_000, description="tokens",
-                                                 style=narrow, layout=widgets.Layout(width="120px"))
+        self.seq_select = widgets.Dropdown(description="sequence", style=narrow,
+                                           layout=widgets.Layout(width="240px"))
+        self.num_tokens = widgets.Text(value="1", description="tokens", style=narrow,
+                                       layout=widgets.Layout(width="110px"))
         self.append_button = widgets.Button(description="append tokens", tooltip="grow the sequence (decode)")
         self.fork_button = widgets.Button(description="fork", tooltip="a child sequence sharing every block")
         self.free_button = widgets.Button(description="free", button_style="danger",
                                           tooltip="release the sequence's blocks")
         self.swap_out_button = widgets.Button(description="swap out", tooltip="move the sequence to the CPU pool")
         self.swap_in_button = widgets.Button(description="swap in", tooltip="bring it back to device blocks")
+        self.reset_button = widgets.Button(description="reset", icon="undo",
+                                           tooltip="start again: every sequence freed, log cleared")
         self.log_html = widgets.HTML(value="")
         for control, cls in (
             (self.add_button, "pkv-add"), (self.append_button, "pkv-append"), (self.fork_button, "pkv-fork"),
             (self.free_button, "pkv-free"), (self.swap_out_button, "pkv-swap-out"),
-            (self.swap_in_button, "pkv-swap-in"), (self.prompt_tokens, "pkv-prompt-tokens"),
+            (self.swap_in_button, "pkv-swap-in"), (self.reset_button, "pkv-reset"),
+            (self.prompt_tokens, "pkv-prompt-tokens"),
             (self.token_ids, "pkv-token-ids"), (self.num_tokens, "pkv-num-tokens"),
             (self.seq_select, "pkv-seq-select"), (self.log_html, "pkv-log"),
         ):
             control.add_class(cls)
         for button in (self.add_button, self.append_button, self.fork_button, self.free_button,
-                       self.swap_out_button, self.swap_in_button):
+                       self.swap_out_button, self.swap_in_button, self.reset_button):
             button.layout = widgets.Layout(width="auto", min_width="72px")
         self.add_button.on_click(lambda _: self._add_from_controls())
-        self.append_button.on_click(lambda _: self.append(self.seq_select.value, self.num_tokens.value))
+        self.append_button.on_click(lambda _: self._append_from_controls())
+        self.reset_button.on_click(lambda _: self.reset())
         self.fork_button.on_click(lambda _: self.fork(self.seq_select.value))
         self.free_button.on_click(lambda _: self.free(self.seq_select.value))
         self.swap_out_button.on_click(lambda _: self.swap_out(self.seq_select.value))
@@ -131,17 +166,20 @@ class Playground:
         row = [self.seq_select, self.num_tokens, self.append_button, self.fork_button, self.free_button]
         if hasattr(self.allocator, "swap_out"):
             row += [self.swap_out_button, self.swap_in_button]
+        # The translation view starts folded: the block tables and free queue are the story here.
+        self.translation_panel = widgets.Accordion(children=[self.translation.widget()], selected_index=None)
+        self.translation_panel.set_title(0, "address translation: pick a sequence and a token")
         box = widgets.VBox(
             [
-                widgets.HBox([self.prompt_tokens, self.token_ids, self.add_button]),
-                widgets.HBox(row),
+                widgets.HBox([self.prompt_tokens, self.token_ids, self.add_button, self.reset_button],
+                             layout=widgets.Layout(flex_flow="row wrap")),
+                widgets.HBox(row, layout=widgets.Layout(flex_flow="row wrap")),
                 self.log_html,
                 self.block_table.widget(),
                 self.free_queue.widget(),
-                widgets.HTML("<b>address translation</b>: pick a sequence and a token"),
-                self.translation.widget(),
+                self.translation_panel,
             ],
-            layout=widgets.Layout(overflow="auto"),
+            layout=widgets.Layout(overflow="auto", max_width="100%"),
         )
         box.add_class("pkv-playground")
         return box
@@ -246,6 +284,25 @@ class Playground:
 
         return self._run(act)
 
+    def reset(self) -> None:
+        """Start again: a fresh allocator like the first (or, for one you passed in, every sequence
+        freed and the prefix cache emptied), an empty log, sequence ids from 0."""
+        if self._factory is not None:
+            self.allocator = self._factory()
+            for view in (self.block_table, self.free_queue, self.translation):
+                view.allocator = self.allocator
+        else:
+            for seq_id in self._all_seq_ids():
+                self.allocator.free_sequence(seq_id)
+            reset_cache = getattr(self.allocator, "reset_prefix_cache", None)
+            if callable(reset_cache):
+                reset_cache()
+        self._entries.clear()
+        self._next_seq_id = 0
+        self._selected = None
+        self.block_table.changed = set()
+        self.refresh()
+
     # --------------------------------------------------------------- inspection
     @property
     def log(self) -> List[str]:
@@ -295,11 +352,24 @@ class Playground:
     def _add_from_controls(self) -> None:
         try:
             ids = parse_token_ids(self.token_ids.value)
+            count = None if ids is not None else parse_count(self.prompt_tokens.value, "prompt tokens")
         except ValueError as exc:
-            self._record(ERROR, f"ValueError: {exc}")
-            self.refresh()
+            self._refuse(exc)
             return
-        self.add_sequence(None if ids is not None else self.prompt_tokens.value, token_ids=ids)
+        self.add_sequence(count, token_ids=ids)
+
+    def _append_from_controls(self) -> None:
+        try:
+            count = parse_count(self.num_tokens.value, "tokens to append")
+        except ValueError as exc:
+            self._refuse(exc)
+            return
+        self.append(self.seq_select.value, count)
+
+    def _refuse(self, exc: Exception) -> None:
+        self._record(ERROR, f"{type(exc).__name__}: {exc}")
+        self.block_table.changed = set()
+        self.refresh()
 
     def _all_seq_ids(self) -> List[int]:
         """Resident sequences, then swapped-out ones (both can be picked in the dropdown)."""
@@ -317,13 +387,16 @@ class Playground:
             raise ValueError("no sequence selected: add one first")
 
     def _run(self, act: Callable[[], str]) -> bool:
-        """Do one action; log its line, or its error's message instead of a traceback."""
+        """Do one action; log its line, or its error's message instead of a traceback; outline
+        the blocks it changed (taken, freed, copied, evicted, filled)."""
+        before = self._block_states()
         try:
             text = act()
         except Exception as exc:  # a UI boundary: every refusal becomes a readable line
-            self._record(ERROR, f"{type(exc).__name__}: {exc}")
-            self.refresh()
+            self._refuse(exc)
             return False
+        after = self._block_states()
+        self.block_table.changed = {b for b, state in after.items() if before.get(b) != state}
         self._record(OK, text)
         check = getattr(self.allocator, "check_invariants", None)
         if callable(check):
@@ -333,6 +406,10 @@ class Playground:
                 self._record(ERROR, f"invariants broken after this action: {exc}")
         self.refresh()
         return True
+
+    def _block_states(self) -> Dict[int, Tuple[Any, ...]]:
+        return {b["block_id"]: (b["state"], b["owners"], b["fill"], b["hash"])
+                for b in snapshot.pool_blocks(self.allocator)}
 
     def _record(self, kind: str, text: str) -> None:
         self._entries.append((kind, text))

@@ -303,7 +303,7 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
                            f"blocks {blocks[i]['block_id']}\u2013{blocks[min(i + columns, len(blocks)) - 1]['block_id']}",
                            size=11, anchor="end", fill=MUTED_TEXT))
     for block, (bx, by) in zip(blocks, pool_pos):
-        parts.append(pool_block(block, bx, by))
+        parts.append(pool_block(block, bx, by, highlighted=bool(block.get("changed"))))
     where = {b["block_id"]: p for b, p in zip(blocks, pool_pos)}
     y += _grid_height(len(blocks), columns) + 46
     widest = columns

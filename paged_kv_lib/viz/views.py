@@ -13,7 +13,7 @@ Each view reads the allocator it is given (never changes it) and offers four fac
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 import ipywidgets as widgets
 
@@ -104,12 +104,16 @@ class BlockTableView(_View):
     def __init__(self, allocator: Any, *, columns: int = 16, links: bool = True) -> None:
         super().__init__(allocator, columns=columns)
         self.links = links
+        self.changed: Set[int] = set()  # block ids to outline (the playground sets it after each action)
 
     def model(self) -> Dict[str, Any]:
         """``{"block_size", "blocks": [per physical block], "sequences": [per sequence], "swapped": [...]}``."""
+        blocks = snapshot.pool_blocks(self.allocator)
+        for block in blocks:
+            block["changed"] = block["block_id"] in self.changed
         return {
             "block_size": self.allocator.block_size,
-            "blocks": snapshot.pool_blocks(self.allocator),
+            "blocks": blocks,
             "sequences": snapshot.sequence_rows(self.allocator),
             "swapped": snapshot.swapped_rows(self.allocator),
         }
