@@ -10,7 +10,9 @@ from .block import Block
 from .block_table import BlockTable
 from .errors import (
     BlocksInUseError,
+    CacheNotAllocatedError,
     DuplicateSequenceError,
+    EmptyFreeQueueError,
     InvalidArgumentError,
     InvalidTypeError,
     InvariantError,
@@ -30,7 +32,9 @@ __all__ = [
     "Block",
     "BlocksInUseError",
     "BlockTable",
+    "CacheNotAllocatedError",
     "DuplicateSequenceError",
+    "EmptyFreeQueueError",
     "FreeBlockQueue",
     "InvalidArgumentError",
     "InvalidTypeError",

@@ -26,6 +26,7 @@ from .block_table import BlockTable
 from .cache_ops import copy_blocks, gather_tokens, slots_from_positions, transfer_blocks, write_slots
 from .errors import (
     BlocksInUseError,
+    CacheNotAllocatedError,
     DuplicateSequenceError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -112,7 +113,7 @@ class PagedKVCacheAllocator:
         self.num_layers = as_count(num_layers, "num_layers", minimum=1)
         self.num_cpu_blocks = as_count(num_cpu_blocks, "num_cpu_blocks")
         if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
+            raise InvalidTypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
         self.dtype = dtype
         self.device = torch.device(device)
         self.enable_prefix_caching = bool(enable_prefix_caching)
@@ -202,10 +203,13 @@ class PagedKVCacheAllocator:
         return tuple(self._swapped)
 
     def __contains__(self, seq_id: object) -> bool:
+        if isinstance(seq_id, bool):
+            return False  # True is not sequence 1
         return seq_id in self._tables or seq_id in self._swapped
 
     def is_swapped(self, seq_id: int) -> bool:
         """Whether the sequence is swapped out (unknown ids raise)."""
+        seq_id = as_seq_id(seq_id)
         if seq_id in self._swapped:
             return True
         self._table(seq_id)
@@ -366,6 +370,7 @@ class PagedKVCacheAllocator:
         block keeps its content key there, so a later prompt can still hit it until the
         block is handed out again.
         """
+        seq_id = as_seq_id(seq_id)
         table = self._tables.pop(seq_id, None)
         if table is None:
             swapped = self._swapped.pop(seq_id, None)
@@ -389,6 +394,7 @@ class PagedKVCacheAllocator:
 
     def get_num_tokens(self, seq_id: int) -> int:
         """How many tokens the sequence holds (swapped out or not)."""
+        seq_id = as_seq_id(seq_id)
         table = self._swapped.get(seq_id)
         return table.num_tokens if table is not None else self._table(seq_id).num_tokens
 
@@ -401,7 +407,7 @@ class PagedKVCacheAllocator:
         """
         table = self._table(seq_id)
         if table.num_tokens < len(table.block_ids) * self.block_size:
-            raise ValueError(
+            raise SequenceStateError(
                 f"sequence {seq_id} still has room: {table.num_tokens} tokens in "
                 f"{len(table.block_ids)} blocks of {self.block_size}"
             )
@@ -422,6 +428,8 @@ class PagedKVCacheAllocator:
         of blocks newly placed in the table (an empty tuple on most decode steps).
         ``token_ids`` are the new tokens, so blocks that fill up become cacheable.
         """
+        if type(seq_id) is not int:
+            seq_id = as_seq_id(seq_id)
         try:
             table = self._tables[seq_id]
         except KeyError:
@@ -453,7 +461,7 @@ class PagedKVCacheAllocator:
         longest = max((len(t.block_ids) for t in tables), default=0)
         width = longest if max_blocks is None else as_count(max_blocks, "max_blocks")
         if width < longest:
-            raise ValueError(f"max_blocks={width} is less than the longest table ({longest} blocks)")
+            raise InvalidArgumentError(f"max_blocks={width} is less than the longest table ({longest} blocks)")
         rows = [t.block_ids + [-1] * (width - len(t.block_ids)) for t in tables]
         out = torch.tensor(rows, dtype=torch.int32) if rows else torch.empty((0, width), dtype=torch.int32)
         return out.reshape(len(tables), width).to(self.device)
@@ -480,13 +488,13 @@ class PagedKVCacheAllocator:
         expected = (pos.numel(), self.num_heads, self.head_dim)
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+                raise InvalidTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if tuple(t.shape) != expected:
-                raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {expected} [n, num_heads, head_dim]")
+                raise InvalidArgumentError(f"{name} has shape {tuple(t.shape)}, expected {expected} [n, num_heads, head_dim]")
             if t.dtype != self.dtype:
-                raise TypeError(f"{name} has dtype {t.dtype}, the cache holds {self.dtype}")
+                raise InvalidTypeError(f"{name} has dtype {t.dtype}, the cache holds {self.dtype}")
             if t.device != self.device:
-                raise ValueError(f"{name} is on {t.device}, the cache is on {self.device}")
+                raise InvalidArgumentError(f"{name} is on {t.device}, the cache is on {self.device}")
         logical = sorted(set((pos // self.block_size).tolist()))
         shared = [i for i in logical if self._blocks[table.block_ids[i]].ref_count > 1]
         if len(shared) > len(self._free):
@@ -531,6 +539,7 @@ class PagedKVCacheAllocator:
 
         Returns its new block ids.
         """
+        seq_id = as_seq_id(seq_id)
         table = self._swapped.get(seq_id)
         if table is None:
             self._table(seq_id)  # raises for unknown ids
@@ -660,6 +669,9 @@ class PagedKVCacheAllocator:
 
     # ------------------------------------------------------------- internals
     def _table(self, seq_id: int) -> BlockTable:
+        """The resident table of ``seq_id``; raises a typed error for bad, unknown or swapped ids."""
+        if type(seq_id) is not int:
+            seq_id = as_seq_id(seq_id)
         table = self._tables.get(seq_id)
         if table is None:
             raise self._missing(seq_id)
@@ -676,10 +688,10 @@ class PagedKVCacheAllocator:
 
     def _layer(self, layer: int) -> int:
         if self._kv is None:
-            raise RuntimeError("this allocator was built with allocate_cache=False: it holds no K/V")
+            raise CacheNotAllocatedError("this allocator was built with allocate_cache=False: it holds no K/V")
         layer = as_count(layer, "layer")
         if layer >= self.num_layers:
-            raise ValueError(f"layer {layer} out of range: the cache has {self.num_layers} layers")
+            raise InvalidArgumentError(f"layer {layer} out of range: the cache has {self.num_layers} layers")
         return layer
 
     def _ids_tensor(self, table: BlockTable) -> torch.Tensor:
@@ -689,7 +701,7 @@ class PagedKVCacheAllocator:
         """Validate logical positions and return them as an int64 tensor on the cache device."""
         if isinstance(positions, torch.Tensor):
             if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
-                raise TypeError(f"positions must hold integers, got dtype {positions.dtype}")
+                raise InvalidTypeError(f"positions must hold integers, got dtype {positions.dtype}")
             pos = positions.reshape(-1).to(device=self.device, dtype=torch.int64)
         else:
             if isinstance(positions, (int, bool)) or hasattr(positions, "__index__"):
@@ -713,11 +725,16 @@ class PagedKVCacheAllocator:
         if isinstance(token_ids, torch.Tensor):
             token_ids = token_ids.tolist()
         try:
-            tokens = array("q", token_ids).tolist()
+            values = list(token_ids)
+            tokens = array("q", values).tolist()
         except TypeError:
-            raise TypeError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}") from None
+            raise InvalidTypeError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}") from None
+        except OverflowError:
+            raise InvalidArgumentError("token_ids must fit in signed 64 bits") from None
+        if any(type(t) is bool for t in values):
+            raise InvalidTypeError("token_ids must be ints, not bools")
         if len(tokens) != expected:
-            raise ValueError(f"got {len(tokens)} token_ids for {expected} tokens")
+            raise InvalidArgumentError(f"got {len(tokens)} token_ids for {expected} tokens")
         return tokens if self.enable_prefix_caching else None
 
     def _plan_prompt(self, num_tokens: int, token_ids: TokenIds, extra_key: Optional[Union[bytes, str]]) -> "_PromptPlan":
@@ -856,4 +873,4 @@ def _as_salt(extra_key: Optional[Union[bytes, str]]) -> Optional[bytes]:
         return extra_key.encode()
     if isinstance(extra_key, bytes):
         return extra_key
-    raise TypeError(f"extra_key must be bytes or str, got {type(extra_key).__name__}")
+    raise InvalidTypeError(f"extra_key must be bytes or str, got {type(extra_key).__name__}")

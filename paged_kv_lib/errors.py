@@ -51,8 +51,16 @@ class InvariantError(PagedKVError, AssertionError):
 
 
 class SequenceStateError(PagedKVError, ValueError):
-    """The sequence is in the wrong state for the call (swapped out, or not swapped out)."""
+    """The sequence is in the wrong state for the call (swapped out or not, or its last block still has room)."""
 
 
 class BlocksInUseError(PagedKVError, RuntimeError):
     """The operation needs every block to be free (for example resetting the prefix cache)."""
+
+
+class CacheNotAllocatedError(PagedKVError, RuntimeError):
+    """The call reads or writes K/V, but the allocator was built without cache tensors."""
+
+
+class EmptyFreeQueueError(PagedKVError, IndexError):
+    """A pop asked the free queue for more blocks than it holds (an ``IndexError``, as ``deque`` raises)."""

@@ -22,15 +22,25 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, List
 
+from ._validate import as_count
+from .errors import EmptyFreeQueueError, InvalidArgumentError, InvalidTypeError
+
 NOT_QUEUED = -2
 
 
 class FreeBlockQueue:
-    """An O(1) FIFO of block ids with removal from the middle."""
+    """An O(1) FIFO of block ids with removal from the middle.
+
+    Ids are ints in ``[0, num_blocks)``. A bad id (a bool, out of range, already queued
+    or not queued) raises :class:`InvalidArgumentError` or :class:`InvalidTypeError`,
+    popping more than is queued :class:`EmptyFreeQueueError` (an ``IndexError``, as
+    ``deque`` raises); a call that raises leaves the queue as it was.
+    """
 
     __slots__ = ("_prev", "_next", "_sentinel", "_len")
 
     def __init__(self, num_blocks: int, block_ids: Iterable[int] = ()) -> None:
+        num_blocks = as_count(num_blocks, "num_blocks")
         # Index ``num_blocks`` is a sentinel node: its next is the head, its prev the tail.
         self._sentinel = num_blocks
         self._prev: List[int] = [NOT_QUEUED] * (num_blocks + 1)
@@ -38,8 +48,7 @@ class FreeBlockQueue:
         self._prev[num_blocks] = num_blocks
         self._next[num_blocks] = num_blocks
         self._len = 0
-        for block_id in block_ids:
-            self.append(block_id)
+        self.extend(block_ids)
 
     def __len__(self) -> int:
         return self._len
@@ -64,13 +73,13 @@ class FreeBlockQueue:
     def peek(self) -> int:
         """The id at the head, without removing it."""
         if self._len == 0:
-            raise IndexError("peek from an empty free queue")
+            raise EmptyFreeQueueError("peek from an empty free queue")
         return self._next[self._sentinel]
 
     def popleft(self) -> int:
         """Remove and return the id at the head."""
         if self._len == 0:
-            raise IndexError("pop from an empty free queue")
+            raise EmptyFreeQueueError("pop from an empty free queue")
         sentinel, nxt_of = self._sentinel, self._next
         block_id = nxt_of[sentinel]
         after = nxt_of[block_id]
@@ -83,8 +92,12 @@ class FreeBlockQueue:
 
     def pop_many(self, n: int) -> List[int]:
         """Remove and return the ``n`` ids at the head, in order (one call for a whole allocation)."""
-        if n > self._len:
-            raise IndexError(f"pop {n} from a free queue of {self._len}")
+        if type(n) is not int or not 0 <= n <= self._len:
+            if type(n) is not int:
+                raise InvalidTypeError(f"n must be an int, got {type(n).__name__} {n!r}")
+            if n < 0:
+                raise InvalidArgumentError(f"n must be >= 0, got {n}")
+            raise EmptyFreeQueueError(f"pop {n} from a free queue of {self._len}")
         sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
         ids = []
         block_id = next_of[sentinel]
@@ -99,29 +112,29 @@ class FreeBlockQueue:
         return ids
 
     def extend(self, block_ids: Iterable[int]) -> None:
-        """Append several ids at the tail, in order."""
-        sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
+        """Append several ids at the tail, in order; every id is checked before any is linked."""
+        ids = list(block_ids)
+        prev_of = self._prev
+        for block_id in ids:
+            if type(block_id) is not int or not 0 <= block_id < self._sentinel or prev_of[block_id] != NOT_QUEUED:
+                self._refuse(block_id, queued=False)
+        if len(set(ids)) != len(ids):
+            twice = next(b for b in ids if ids.count(b) > 1)
+            raise InvalidArgumentError(f"block {twice} appears twice in one extend")
+        sentinel, next_of = self._sentinel, self._next
         tail = prev_of[sentinel]
-        added = 0
-        for block_id in block_ids:
-            if prev_of[block_id] != NOT_QUEUED:
-                # Undo nothing: link what came before, then refuse (a caller bug, never user input).
-                next_of[tail] = sentinel
-                prev_of[sentinel] = tail
-                self._len += added
-                raise ValueError(f"block {block_id} is already in the free queue")
+        for block_id in ids:
             next_of[tail] = block_id
             prev_of[block_id] = tail
             tail = block_id
-            added += 1
         next_of[tail] = sentinel
         prev_of[sentinel] = tail
-        self._len += added
+        self._len += len(ids)
 
     def append(self, block_id: int) -> None:
         """Put ``block_id`` at the tail (it will be handed out last)."""
-        if self._prev[block_id] != NOT_QUEUED:
-            raise ValueError(f"block {block_id} is already in the free queue")
+        if type(block_id) is not int or not 0 <= block_id < self._sentinel or self._prev[block_id] != NOT_QUEUED:
+            self._refuse(block_id, queued=False)
         tail = self._prev[self._sentinel]
         self._next[tail] = block_id
         self._prev[block_id] = tail
@@ -131,8 +144,8 @@ class FreeBlockQueue:
 
     def appendleft(self, block_id: int) -> None:
         """Put ``block_id`` at the head (it will be handed out first)."""
-        if self._prev[block_id] != NOT_QUEUED:
-            raise ValueError(f"block {block_id} is already in the free queue")
+        if type(block_id) is not int or not 0 <= block_id < self._sentinel or self._prev[block_id] != NOT_QUEUED:
+            self._refuse(block_id, queued=False)
         head = self._next[self._sentinel]
         self._prev[head] = block_id
         self._next[block_id] = head
@@ -142,15 +155,24 @@ class FreeBlockQueue:
 
     def remove(self, block_id: int) -> None:
         """Take ``block_id`` out of the queue, wherever it is, in O(1)."""
+        if type(block_id) is not int or not 0 <= block_id < self._sentinel or self._prev[block_id] == NOT_QUEUED:
+            self._refuse(block_id, queued=True)
         prev = self._prev[block_id]
-        if prev == NOT_QUEUED:
-            raise ValueError(f"block {block_id} is not in the free queue")
         nxt = self._next[block_id]
         self._next[prev] = nxt
         self._prev[nxt] = prev
         self._prev[block_id] = NOT_QUEUED
         self._next[block_id] = NOT_QUEUED
         self._len -= 1
+
+    def _refuse(self, block_id: object, *, queued: bool) -> None:
+        """Raise the typed error for a bad id (``queued``: the call needed it in the queue)."""
+        if type(block_id) is not int:
+            raise InvalidTypeError(f"block id must be an int, got {type(block_id).__name__} {block_id!r}")
+        if not 0 <= block_id < self._sentinel:
+            raise InvalidArgumentError(f"block {block_id} is out of range: the queue holds ids 0..{self._sentinel - 1}")
+        state = "not in" if queued else "already in"
+        raise InvalidArgumentError(f"block {block_id} is {state} the free queue")
 
     def check(self) -> None:
         """Raise ``AssertionError`` if the links are inconsistent."""

@@ -10,28 +10,44 @@ import torch
 from paged_kv_lib import PagedKVCacheAllocator
 
 
+def _table_state(table) -> tuple:
+    """Every field of a block table, the derived fast-path limit included."""
+    tokens = None if table.token_ids is None else list(table.token_ids)
+    return (list(table.block_ids), table.num_tokens, tokens, list(table.block_keys), table.extra_key,
+            table.append_limit)
+
+
 def snapshot(alloc: PagedKVCacheAllocator) -> Dict[str, Any]:
-    """Everything observable about an allocator, tensors included (cloned)."""
+    """Everything observable about an allocator, and the private state behind it, tensors cloned.
+
+    Resident and swapped tables (block ids, token count, token ids, content keys, salt),
+    ref counts and hashes, the free queue's order, the prefix cache's map and counters,
+    the CPU pool, the copy log and every device and CPU cache tensor.
+    """
     state: Dict[str, Any] = {
         "free": alloc.free_blocks,
         "blocks": [(b.block_id, b.ref_count, b.block_hash) for b in alloc.blocks],
-        "tables": {s: (t.block_ids, t.num_tokens) for s, t in alloc.sequence_block_tables.items()},
+        "tables": {s: _table_state(t) for s, t in alloc._tables.items()},
+        "public_tables": alloc.sequence_block_tables,
+        "swapped": {s: _table_state(t) for s, t in alloc._swapped.items()},
+        "cpu_free": list(alloc._cpu_free),
+        "prefix": dict(alloc._prefix.items()),
+        "prefix_counters": (alloc._prefix.queries, alloc._prefix.hits),
+        "copy_log": alloc.copy_log,
         "stats": alloc.stats(),
     }
     if alloc.k_caches:
         state["k"] = [c.clone() for c in alloc.k_caches]
         state["v"] = [c.clone() for c in alloc.v_caches]
-    for name in ("swapped_state", "prefix_cache_state"):
-        getter = getattr(alloc, "_" + name, None)
-        if callable(getter):
-            state[name] = getter()
+    if alloc._cpu_kv is not None:
+        state["cpu_kv"] = [alloc._cpu_kv.clone()]
     return state
 
 
 def assert_same_state(before: Dict[str, Any], after: Dict[str, Any]) -> None:
     assert before.keys() == after.keys()
     for key in before:
-        if key in ("k", "v"):
+        if key in ("k", "v", "cpu_kv"):
             for a, b in zip(before[key], after[key]):
                 assert torch.equal(a, b), f"{key} cache changed"
         else:

@@ -11,6 +11,7 @@ from paged_kv_lib import (
     DuplicateSequenceError,
     OutOfBlocksError,
     PagedKVCacheAllocator,
+    PagedKVError,
     PositionError,
     UnknownSequenceError,
 )
@@ -248,8 +249,9 @@ BAD_CALLS = [
 def test_failed_calls_change_nothing(name, call, exc, msg):
     alloc = _prepared()
     before = snapshot(alloc)
-    with pytest.raises(exc, match=msg):
+    with pytest.raises(exc, match=msg) as info:
         call(alloc)
+    assert isinstance(info.value, PagedKVError), "every bad input raises a typed PagedKVError"
     assert_same_state(before, snapshot(alloc))
     alloc.check_invariants()
 

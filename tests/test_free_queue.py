@@ -6,7 +6,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from paged_kv_lib import FreeBlockQueue
+from paged_kv_lib import EmptyFreeQueueError, FreeBlockQueue, InvalidArgumentError, InvalidTypeError, PagedKVError
 
 N = 12
 
@@ -80,9 +80,11 @@ class QueueMachine(RuleBasedStateMachine):
             assert self.q.pop_many(n) == self.model[:n]
             del self.model[:n]
 
-    @rule(blocks=st.lists(st.integers(0, N - 1), max_size=4, unique=True))
+    @rule(blocks=st.lists(st.integers(0, N - 1), max_size=4))
     def extend(self, blocks):
-        if any(b in self.model for b in blocks):
+        if any(b in self.model for b in blocks) or len(set(blocks)) < len(blocks):
+            with pytest.raises(InvalidArgumentError):
+                self.q.extend(blocks)  # refused whole: the invariant below checks nothing was linked
             return
         self.q.extend(blocks)
         self.model.extend(blocks)
@@ -106,9 +108,51 @@ def test_pop_many_and_extend():
     assert list(q) == [4, 5, 2, 0] and len(q) == 4
     with pytest.raises(IndexError):
         q.pop_many(5)
-    with pytest.raises(ValueError, match="block 5 is already"):
+    with pytest.raises(InvalidArgumentError, match="block 5 is already"):
         q.extend([1, 5])
-    assert list(q) == [4, 5, 2, 0, 1] and len(q) == 5  # what came before the bad id is linked
+    assert list(q) == [4, 5, 2, 0] and len(q) == 4, "a refused extend links nothing"
+    q.check()
+    with pytest.raises(InvalidArgumentError, match="block 1 appears twice"):
+        q.extend([1, 3, 1])
+    assert list(q) == [4, 5, 2, 0] and 1 not in q and 3 not in q
+    q.extend([1])
     assert q.pop_many(5) == [4, 5, 2, 0, 1] and len(q) == 0
     q.extend([])
     q.check()
+
+
+@pytest.mark.parametrize(
+    "call, exc, msg",
+    [
+        (lambda q: q.append(True), InvalidTypeError, "must be an int, got bool"),
+        (lambda q: q.appendleft(1.0), InvalidTypeError, "must be an int"),
+        (lambda q: q.append(-1), InvalidArgumentError, "block -1 is out of range"),
+        (lambda q: q.append(4), InvalidArgumentError, "block 4 is out of range: the queue holds ids 0..3"),
+        (lambda q: q.remove(4), InvalidArgumentError, "out of range"),
+        (lambda q: q.remove(-1), InvalidArgumentError, "out of range"),
+        (lambda q: q.remove(3), InvalidArgumentError, "block 3 is not in the free queue"),
+        (lambda q: q.extend([3, 9]), InvalidArgumentError, "block 9 is out of range"),
+        (lambda q: q.extend([3, False]), InvalidTypeError, "bool"),
+        (lambda q: q.extend([3, 0]), InvalidArgumentError, "block 0 is already"),
+        (lambda q: q.pop_many(-1), InvalidArgumentError, "n must be >= 0, got -1"),
+        (lambda q: q.pop_many(4), EmptyFreeQueueError, "pop 4 from a free queue of 3"),
+        (lambda q: q.pop_many(1.0), InvalidTypeError, "n must be an int"),
+    ],
+)
+def test_bad_ids_are_refused_with_typed_errors_and_change_nothing(call, exc, msg):
+    q = FreeBlockQueue(4, [2, 0, 1])
+    with pytest.raises(exc, match=msg):
+        call(q)
+    assert issubclass(exc, PagedKVError)
+    assert list(q) == [2, 0, 1] and len(q) == 3
+    q.check()
+
+
+def test_empty_pops_are_index_errors():
+    q = FreeBlockQueue(2)
+    for call in (q.popleft, q.peek, lambda: q.pop_many(1)):
+        with pytest.raises(EmptyFreeQueueError) as info:
+            call()
+        assert isinstance(info.value, IndexError)
+    with pytest.raises(InvalidTypeError):
+        FreeBlockQueue(True)
