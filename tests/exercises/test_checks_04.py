@@ -1,223 +1,213 @@
-"""Exercise 04's checks bite: correct solutions pass with the one success line, planted wrong ones fail."""
+"""Exercise 04's checks bite: correct solutions pass with the one success line; planted wrong ones fail
+with a message that names the mistake."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from paged_kv_lib.grading import check_block_table_tensor, check_gather_tokens, check_slot_mapping, check_write_kv
-
 from check_helpers import fails, not_implemented, passes
+from paged_kv_lib.grading import (
+    check_gather_batch,
+    check_step_block_tables,
+    check_step_slot_mapping,
+    check_write_kv_padded,
+)
+
+CHECKS = [check_step_slot_mapping, check_step_block_tables, check_write_kv_padded, check_gather_batch]
 
 
-
-
-@pytest.mark.parametrize("check", [check_slot_mapping, check_block_table_tensor, check_write_kv, check_gather_tokens])
-def test_an_untouched_task_raises_not_implemented(check):
+@pytest.mark.parametrize("check", CHECKS)
+def test_an_untouched_task_says_it_is_not_written(check):
     with pytest.raises(NotImplementedError):
         check(not_implemented)
 
 
 # --------------------------------------------------------------------------- 04.1
-def slot_mapping(block_ids, num_tokens, positions, block_size):
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= num_tokens):
-        raise ValueError("a position holds no token")
-    ids = torch.tensor(block_ids, dtype=torch.int64)
-    return ids[positions // block_size] * block_size + positions % block_size
+def step_slots(tables, num_computed, num_new, block_size, first=lambda c: c, check=True):
+    slots = []
+    for table, done, new in zip(tables, num_computed, num_new):
+        if check and done + new > len(table) * block_size:
+            raise ValueError("past the table")
+        for p in range(first(done), first(done) + new):
+            slots.append(table[p // block_size] * block_size + p % block_size)
+    return torch.tensor(slots, dtype=torch.int64)
 
 
-def test_slot_mapping_correct(capsys):
-    passes(check_slot_mapping, slot_mapping, "04.1", capsys)
+def test_step_slot_mapping_correct(capsys):
+    passes(check_step_slot_mapping, step_slots, "04.1", capsys)
 
 
-def unchecked(block_ids, num_tokens, positions, block_size):
-    ids = torch.tensor(block_ids, dtype=torch.int64)
-    return ids[positions // block_size] * block_size + positions % block_size
+@pytest.mark.parametrize("wrong, words", [
+    (lambda t, c, n, bs: step_slots(t, c, n, bs, first=lambda d: d + 1), "off by one"),
+    (lambda t, c, n, bs: step_slots(t, c, n, bs, first=lambda d: 0), "restart at 0"),
+    (lambda t, c, n, bs: step_slots(t, c, n, bs).to(torch.int32), "int64"),
+    (lambda t, c, n, bs: torch.tensor([s for s in step_slots(t, c, n, bs).tolist()]), "int64"),  # float when empty
+    (lambda t, c, n, bs: torch.tensor([p for d, k in zip(c, n) for p in range(d, d + k)], dtype=torch.int64),
+     "logical positions"),
+    (lambda t, c, n, bs: step_slots(t, c, n, bs).sort().values, "order"),
+])
+def test_step_slot_mapping_names_the_mistake(wrong, words):
+    assert words in fails(check_step_slot_mapping, wrong)
 
 
-def against_capacity(block_ids, num_tokens, positions, block_size):
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= len(block_ids) * block_size):
-        raise ValueError("outside the blocks")
-    return unchecked(block_ids, num_tokens, positions, block_size)
+def test_step_slot_mapping_without_the_bound_check_fails():
+    def no_check(tables, num_computed, num_new, block_size):
+        try:
+            return step_slots(tables, num_computed, num_new, block_size, check=False)
+        except IndexError:
+            return torch.zeros(0, dtype=torch.int64)
+    message = fails(check_step_slot_mapping, no_check)
+    assert "ValueError" in message and "past the table's last block" in message
 
 
-def forgets_block_size(block_ids, num_tokens, positions, block_size):
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= num_tokens):
-        raise ValueError("a position holds no token")
-    ids = torch.tensor(block_ids, dtype=torch.int64)
-    return ids[positions // block_size] + positions % block_size
-
-
-def no_table_lookup(block_ids, num_tokens, positions, block_size):
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= num_tokens):
-        raise ValueError("a position holds no token")
-    return positions.clone()
-
-
-def int32_result(block_ids, num_tokens, positions, block_size):
-    return slot_mapping(block_ids, num_tokens, positions, block_size).to(torch.int32)
-
-
-def float_table(block_ids, num_tokens, positions, block_size):
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= num_tokens):
-        raise ValueError("a position holds no token")
-    ids = torch.tensor(block_ids)  # float when block_ids is empty
-    return ids[positions // block_size] * block_size + positions % block_size
-
-
-def sorts_positions(block_ids, num_tokens, positions, block_size):
-    return slot_mapping(block_ids, num_tokens, positions.sort().values, block_size)
-
-
-@pytest.mark.parametrize("wrong", [unchecked, against_capacity, forgets_block_size, no_table_lookup, int32_result,
-                                   float_table, sorts_positions])
-def test_slot_mapping_wrong(wrong):
-    fails(check_slot_mapping, wrong)
+def test_step_slot_mapping_that_modifies_its_input_fails():
+    def pops(tables, num_computed, num_new, block_size):
+        out = step_slots(tables, num_computed, num_new, block_size)
+        num_new.clear()
+        return out
+    assert "modified its input" in fails(check_step_slot_mapping, pops)
 
 
 # --------------------------------------------------------------------------- 04.2
-def block_table_tensor(tables, max_blocks=None):
-    longest = max((len(t) for t in tables), default=0)
-    width = longest if max_blocks is None else max_blocks
-    if width < longest:
-        raise ValueError(f"max_blocks={width} is less than the longest table ({longest})")
-    rows = [list(t) + [-1] * (width - len(t)) for t in tables]
-    return torch.tensor(rows, dtype=torch.int32).reshape(len(tables), width)
-
-
-def test_block_table_tensor_correct(capsys):
-    passes(check_block_table_tensor, block_table_tensor, "04.2", capsys)
-
-
-def pads_with_zero(tables, max_blocks=None):
-    out = block_table_tensor(tables, max_blocks)
-    lengths = [len(t) for t in tables]
-    for row, n in enumerate(lengths):
-        out[row, n:] = 0
-    return out
-
-
-def int64_result(tables, max_blocks=None):
-    return block_table_tensor(tables, max_blocks).long()
-
-
-def pads_in_place(tables, max_blocks=None):
+def block_tables(tables, num_computed, num_new, block_size, max_blocks=None, pad=-1, lens=lambda d, n: d + n,
+                 dtype=torch.int32, in_place=False):
     longest = max((len(t) for t in tables), default=0)
     width = longest if max_blocks is None else max_blocks
     if width < longest:
         raise ValueError("too narrow")
-    for t in tables:
-        t.extend([-1] * (width - len(t)))
-    return torch.tensor(tables, dtype=torch.int32).reshape(len(tables), width)
+    for t, d, n in zip(tables, num_computed, num_new):
+        if d + n > len(t) * block_size:
+            raise ValueError("too short")
+    if in_place:
+        rows = tables
+        for t in rows:
+            t.extend([pad] * (width - len(t)))
+    else:
+        rows = [list(t) + [pad] * (width - len(t)) for t in tables]
+    grid = torch.tensor(rows, dtype=dtype).reshape(len(tables), width)
+    return grid, torch.tensor([lens(d, n) for d, n in zip(num_computed, num_new)], dtype=torch.int32)
 
 
-def ignores_max_blocks(tables, max_blocks=None):
-    return block_table_tensor(tables)
+def test_step_block_tables_correct(capsys):
+    passes(check_step_block_tables, block_tables, "04.2", capsys)
 
 
-def no_empty_batch(tables, max_blocks=None):
-    longest = max(len(t) for t in tables)
-    width = longest if max_blocks is None else max_blocks
-    if width < longest:
-        raise ValueError("too narrow")
-    return torch.tensor([list(t) + [-1] * (width - len(t)) for t in tables], dtype=torch.int32)
+@pytest.mark.parametrize("options, words", [
+    ({"pad": 0}, "a real block id"),
+    ({"lens": lambda d, n: d + n - 1}, "off by one"),
+    ({"lens": lambda d, n: d}, "before the step"),
+    ({"dtype": torch.int64}, "int32"),
+    ({"in_place": True}, "modified its input"),
+])
+def test_step_block_tables_names_the_mistake(options, words):
+    def wrong(tables, num_computed, num_new, block_size, max_blocks=None):
+        return block_tables(tables, num_computed, num_new, block_size, max_blocks, **options)
+    assert words in fails(check_step_block_tables, wrong)
 
 
-def truncates(tables, max_blocks=None):
-    longest = max((len(t) for t in tables), default=0)
-    width = longest if max_blocks is None else max_blocks
-    rows = [(list(t) + [-1] * width)[:width] for t in tables]
-    return torch.tensor(rows, dtype=torch.int32).reshape(len(tables), width)
-
-
-@pytest.mark.parametrize("wrong", [pads_with_zero, int64_result, pads_in_place, ignores_max_blocks, no_empty_batch,
-                                   truncates])
-def test_block_table_tensor_wrong(wrong):
-    fails(check_block_table_tensor, wrong)
+def test_step_block_tables_that_ignores_max_blocks_fails():
+    def ignores(tables, num_computed, num_new, block_size, max_blocks=None):
+        return block_tables(tables, num_computed, num_new, block_size)
+    assert "shape" in fails(check_step_block_tables, ignores)
 
 
 # --------------------------------------------------------------------------- 04.3
-def write_kv(k_cache, v_cache, slots, k, v):
-    block_size = k_cache.shape[2]
-    blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, :, offsets, :] = k
-    v_cache[blocks, :, offsets, :] = v
+def write_kv(k_cache, v_cache, slot_mapping, k, v, skip_pad=True):
+    keep = slot_mapping >= 0 if skip_pad else torch.ones_like(slot_mapping, dtype=torch.bool)
+    slots = slot_mapping[keep]
+    bs = k_cache.shape[2]
+    k_cache[slots // bs, :, slots % bs, :] = k[keep]
+    v_cache[slots // bs, :, slots % bs, :] = v[keep]
 
 
-def test_write_kv_correct(capsys):
-    passes(check_write_kv, write_kv, "04.3", capsys)
+def test_write_kv_padded_correct(capsys):
+    passes(check_write_kv_padded, write_kv, "04.3", capsys)
 
 
-def flat_rows(k_cache, v_cache, slots, k, v):
-    num_heads, head_dim = k_cache.shape[1], k_cache.shape[3]
-    k_cache.view(-1, num_heads, head_dim)[slots] = k
-    v_cache.view(-1, num_heads, head_dim)[slots] = v
+def test_writing_the_padding_slot_is_named():
+    message = fails(check_write_kv_padded, lambda kc, vc, s, k, v: write_kv(kc, vc, s, k, v, skip_pad=False))
+    assert "-1 counts from the end" in message
 
 
-def k_into_both(k_cache, v_cache, slots, k, v):
-    write_kv(k_cache, v_cache, slots, k, k)
+def test_write_into_rows_of_a_reshaped_cache_fails():
+    def rows(k_cache, v_cache, slot_mapping, k, v):
+        keep = slot_mapping >= 0
+        heads, dim = k_cache.shape[1], k_cache.shape[3]
+        k_cache.view(-1, heads, dim)[slot_mapping[keep]] = k[keep]
+        v_cache.view(-1, heads, dim)[slot_mapping[keep]] = v[keep]
+    assert "should not change" in fails(check_write_kv_padded, rows)
 
 
-def rebinds(k_cache, v_cache, slots, k, v):
-    k_cache = k_cache.clone()
-    v_cache = v_cache.clone()
-    write_kv(k_cache, v_cache, slots, k, v)
+def test_write_into_a_copy_fails():
+    def copy(k_cache, v_cache, slot_mapping, k, v):
+        write_kv(k_cache.clone(), v_cache.clone(), slot_mapping, k, v)
+    assert "in place" in fails(check_write_kv_padded, copy)
 
 
-def head_zero_only(k_cache, v_cache, slots, k, v):
-    block_size = k_cache.shape[2]
-    blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, 0, offsets, :] = k[:, 0]
-    v_cache[blocks, 0, offsets, :] = v[:, 0]
+def test_write_that_swaps_k_and_v_fails():
+    assert "differs at slots" in fails(check_write_kv_padded, lambda kc, vc, s, k, v: write_kv(kc, vc, s, v, k))
 
 
-def offset_as_block(k_cache, v_cache, slots, k, v):
-    num_blocks = k_cache.shape[0]
-    blocks, offsets = slots % num_blocks, slots // num_blocks
-    k_cache[blocks, :, offsets, :] = k
-    v_cache[blocks, :, offsets, :] = v
-
-
-@pytest.mark.parametrize("wrong", [flat_rows, k_into_both, rebinds, head_zero_only, offset_as_block])
-def test_write_kv_wrong(wrong):
-    fails(check_write_kv, wrong)
+def test_write_that_modifies_k_fails():
+    def scales(k_cache, v_cache, slot_mapping, k, v):
+        write_kv(k_cache, v_cache, slot_mapping, k, v)
+        k.mul_(2)
+    assert "modified its inputs" in fails(check_write_kv_padded, scales)
 
 
 # --------------------------------------------------------------------------- 04.4
-def gather_tokens(cache, block_ids, num_tokens):
-    blocks = cache[block_ids]
-    tokens = blocks.permute(0, 2, 1, 3).reshape(-1, cache.shape[1], cache.shape[3])
-    return tokens[:num_tokens]
-
-
-def test_gather_tokens_correct(capsys):
-    passes(check_gather_tokens, gather_tokens, "04.4", capsys)
-
-
-def no_permute(cache, block_ids, num_tokens):
-    return cache[block_ids].reshape(-1, cache.shape[1], cache.shape[3])[:num_tokens]
-
-
-def keeps_the_tail(cache, block_ids, num_tokens):
-    blocks = cache[block_ids]
-    return blocks.permute(0, 2, 1, 3).reshape(-1, cache.shape[1], cache.shape[3])
-
-
-def sorted_blocks(cache, block_ids, num_tokens):
-    return gather_tokens(cache, block_ids.sort().values, num_tokens)
-
-
-def heads_first(cache, block_ids, num_tokens):
-    blocks = cache[block_ids]
-    return blocks.permute(1, 0, 2, 3).reshape(cache.shape[1], -1, cache.shape[3])[:, :num_tokens]
-
-
-def zeroes_the_cache(cache, block_ids, num_tokens):
-    out = gather_tokens(cache, block_ids, num_tokens).clone()
-    cache[block_ids] = 0
+def gather(cache, block_tables, seq_lens, dtype=None, mask=True, multiply=False, zero_tail=False, check=True,
+           shift=0, floor=False):
+    num_seqs, width = block_tables.shape
+    _, heads, bs, dim = cache.shape
+    longest = int(seq_lens.max()) if num_seqs else 0
+    out = torch.zeros(num_seqs, longest, heads, dim, dtype=dtype or cache.dtype)
+    for b in range(num_seqs):
+        n = int(seq_lens[b])
+        used = -(-n // bs)
+        if check and (used > width or bool((block_tables[b, :used] < 0).any())):
+            raise ValueError("reads padding")
+        ids = block_tables[b].long()
+        if zero_tail and used:
+            cache[ids[used - 1], :, n - (used - 1) * bs:, :] = 0
+        tokens = cache[ids].permute(0, 2, 1, 3).reshape(-1, heads, dim)[:longest]
+        if floor:  # n // bs blocks: the last, partly filled block is left out
+            tokens = tokens[: (n // bs) * bs]
+            out[b, : len(tokens)] = tokens
+            continue
+        if shift:
+            tokens = torch.cat([tokens[:1], tokens[:-1]]) if len(tokens) else tokens
+        if multiply:
+            out[b, : len(tokens)] = tokens * (torch.arange(len(tokens)) < n)[:, None, None]
+        elif mask:
+            out[b, :n] = tokens[:n]
+        else:
+            out[b, : len(tokens)] = tokens
     return out
 
 
-@pytest.mark.parametrize("wrong", [no_permute, keeps_the_tail, sorted_blocks, heads_first, zeroes_the_cache])
-def test_gather_tokens_wrong(wrong):
-    fails(check_gather_tokens, wrong)
+def test_gather_batch_correct(capsys):
+    passes(check_gather_batch, gather, "04.4", capsys)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"zero_tail": True}, "wrote into the cache"),
+    ({"dtype": torch.float32}, "wrong dtype"),
+    ({"mask": False}, "past that sequence's length"),
+    ({"multiply": True}, "0 * NaN"),
+    ({"floor": True}, "block boundary"),
+    ({"shift": 1}, "wrong vectors at position"),
+])
+def test_gather_batch_names_the_mistake(options, words):
+    assert words in fails(check_gather_batch, lambda c, t, s: gather(c, t, s, **options))
+
+
+def test_gather_batch_that_reads_padding_silently_fails():
+    def silent(cache, block_tables, seq_lens):
+        try:
+            return gather(cache, block_tables, seq_lens, check=False)
+        except (IndexError, RuntimeError):
+            return torch.zeros(0)
+    message = fails(check_gather_batch, silent)
+    assert "ValueError" in message and "silently reads the last block" in message
