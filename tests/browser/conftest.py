@@ -87,11 +87,14 @@ def browser_enabled(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="session")
 def jupyter_server(browser_enabled: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, str]]:
-    """A running JupyterLab with ``playground.ipynb`` in its root: yields base url and token."""
+    """A running JupyterLab with ``playground.ipynb`` and a copy of ``lessons/`` in its root:
+    yields base url, token and root."""
     home = tmp_path_factory.mktemp("jupyter")
     root = home / "root"
     root.mkdir()
     shutil.copy(HERE / "playground.ipynb", root / "playground.ipynb")
+    # The lessons as a fresh clone has them (stored outputs, no kernel state yet).
+    shutil.copytree(REPO / "lessons", root / "lessons")
     settings = home / "settings"
     for name, values in LAB_SETTINGS.items():
         path = settings / name
