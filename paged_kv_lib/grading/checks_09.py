@@ -1,164 +1,248 @@
-"""Checks of exercise 09, paged attention: gathering K, the reference decode, online-softmax states and their merge.
+"""Checks of exercise 09, paged attention: two pieces of a Triton decode kernel, the split-K merge, split-K decode.
 
-Expected values come from the library: ``make_paged_batch`` (sequences scattered over shuffled
-blocks, every slot no sequence owns poisoned with NaN), ``gather_kv`` and
-``paged_attention_reference``. The online-softmax states of tasks 09.3 and 09.4 are computed
-here in a few lines of float32 torch (the library's kernel keeps the same state, in base 2,
-on the GPU), and their final outputs are checked against ``torch.softmax`` attention. Task
-09.4's check builds its inputs with this module's states, never with the learner's 09.3.
+Tasks 09.1 and 09.2 are ``@triton.jit`` functions the learner writes for the exercise's decode
+kernel skeleton (``triton_decode.py``); the learner's notebook wraps each in a launcher
+(``run_decode_skeleton`` with the learner's piece and the library's other piece), and the checks
+call that launcher on small batches from ``make_paged_batch``: sequences scattered over shuffled
+blocks, every slot no sequence owns poisoned with NaN, grouped-query heads, ragged lengths. The
+expected output is ``paged_attention_reference``. On a failure the check replays the skeleton in
+plain torch with the common mistakes planted (one block too far, the wrong grouped-query head, an
+online softmax without rescaling, ...) to name the mistake, and points at the sequence, query head
+and token where the output first goes wrong. Tasks 09.3 and 09.4 are plain PyTorch.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from ..attention import gather_kv, paged_attention_reference
-from ..attention.testing import make_paged_batch
-from ._common import call_learner, fail, passed
+from ..attention import paged_attention_reference
+from ..attention.testing import TOLERANCES, PagedBatch, make_paged_batch
+from ._common import call_learner, fail, is_tensor, passed, show
 
-State = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (m, l, acc)
-
-
-def _brief(t: torch.Tensor) -> str:
-    """A tensor in a failure message: shape and dtype, and the values when there are few."""
-    if t.numel() <= 8:
-        return f"tensor({[round(float(x), 5) for x in t.flatten()]}, shape={tuple(t.shape)}, dtype={t.dtype})"
-    return f"tensor of shape {tuple(t.shape)}, dtype {t.dtype}"
+State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (m, l, acc)
+BLOCK_N = 8  # the skeleton's tile (triton_decode.BLOCK_N; kept here so importing checks needs no triton)
 
 
-def _off_by(got: torch.Tensor, want: torch.Tensor) -> str:
-    """How far a tensor of the right shape is from the expected one."""
-    if bool(torch.isnan(got.float()).any()):
-        return f"{_brief(got)} containing NaN"
-    return f"{_brief(got)}, max |got - expected| = {(got.float() - want.float()).abs().max().item():.3g}"
+def _describe(b: PagedBatch) -> str:
+    return (f"q {tuple(b.q.shape)} {str(b.q.dtype).replace('torch.', '')}, caches {tuple(b.k_cache.shape)} "
+            f"(num_blocks, kv_heads, block_size, head_dim), block_tables={b.block_tables.tolist()}, "
+            f"seq_lens={b.seq_lens.tolist()}")
 
 
-def _as_tensor(value: Any, call: str, what: str, expected: Any) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.tensor(float(value))
-    raise fail(call, expected, value, f"{what} must be a torch.Tensor (or a number)")
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per-element closeness at the dtype's tolerance (NaN never close)."""
+    tol = TOLERANCES[dtype]
+    return torch.isclose(got.float(), want.float(), atol=tol["atol"], rtol=tol["rtol"])
 
 
-# --------------------------------------------------------------------------- 09.1
-def _gather_cases() -> Iterator[Tuple[str, torch.Tensor, torch.Tensor, int, List[int]]]:
-    """(what, k_cache, block_table_row, seq_len, positions)."""
-    a = make_paged_batch([10, 3, 17], num_q_heads=2, num_kv_heads=2, head_dim=16, block_size=4, seed=1)
-    yield "every position in order", a.k_cache, a.block_tables[0], 10, list(range(10))
-    yield "positions in reverse", a.k_cache, a.block_tables[2], 17, list(range(16, -1, -1))
-    yield "one position", a.k_cache, a.block_tables[1], 3, [2]
-    yield "the edges of blocks", a.k_cache, a.block_tables[0], 10, [3, 4, 7, 8, 0]
-    yield "a repeated position", a.k_cache, a.block_tables[2], 17, [5, 5, 16]
-    yield "no positions", a.k_cache, a.block_tables[0], 10, []
-    b = make_paged_batch([33, 5], num_q_heads=3, num_kv_heads=3, head_dim=8, block_size=16, spare_blocks=4,
-                         pad_columns=3, seed=2)
-    yield "a sliding window, table padded with -1", b.k_cache, b.block_tables[0], 33, list(range(28, 33))
-    c = make_paged_batch([6, 2], num_q_heads=1, num_kv_heads=1, head_dim=4, block_size=1, seed=3)
-    yield "block size 1", c.k_cache, c.block_tables[0], 6, [5, 0, 3]
+# --------------------------------------------------------------------------- the skeleton, replayed in torch
+Addr = Callable[[list[int], int, int, int, int], tuple[int, int, int, bool]]
 
 
-def check_gather_k_at(gather_k_at: Callable[[torch.Tensor, torch.Tensor, List[int]], torch.Tensor]) -> None:
-    """Task 09.1: ``gather_k_at(k_cache, block_table_row, positions)`` -> ``[kv_heads, len(positions), head_dim]``."""
-    for what, cache, row, seq_len, positions in _gather_cases():
-        want = gather_kv(cache, row, seq_len)[:, positions]
-        call = (f"gather_k_at(k_cache of shape {tuple(cache.shape)}, block_table_row={row.tolist()}, "
-                f"positions={positions})   [{what}]")
-        got = call_learner(gather_k_at, (cache, row, list(positions)), call, _brief(want))
-        if not isinstance(got, torch.Tensor):
-            raise fail(call, _brief(want), got, "return a torch.Tensor")
-        if tuple(got.shape) != tuple(want.shape):
-            raise fail(call, _brief(want), _brief(got),
-                       "the result is [kv_heads, len(positions), head_dim]: heads first, then one row per position")
-        if got.dtype != cache.dtype:
-            raise fail(call, _brief(want), _brief(got), "keep the cache's dtype")
-        if not torch.equal(got, want):
-            wrong = (got != want).flatten(2).any(dim=2).any(dim=0)  # per position
-            column = int(torch.nonzero(wrong)[0, 0])
-            shown = f"{_brief(got)}, first wrong at positions[{column}] = {positions[column]}"
-            if bool(torch.isnan(got).any()):
-                hint = ("you read a slot that holds no token (unused slots hold NaN here): position p lives in "
-                        "block block_table_row[p // block_size], at offset p % block_size")
-            else:
-                hint = ("position p lives in block block_table_row[p // block_size], at offset p % block_size; "
-                        "the blocks of a sequence are scattered, not consecutive")
-            raise fail(call, _brief(want), shown, hint)
-    passed("09.1")
+def _right_addr(row: list[int], p: int, n: int, bs: int, h: int, group: int) -> tuple[int, int, int, bool]:
+    return row[p // bs], p % bs, h // group, p < n
 
 
-# --------------------------------------------------------------------------- 09.2
-def _decode_with_mapping(batch: Any, scale: float, kv_head_of: Callable[[int, int, int], int]) -> torch.Tensor:
-    """Decode attention with a chosen query-head -> K/V-head mapping (to name a wrong GQA mapping)."""
-    q = batch.q
-    q_heads, kv_heads = q.shape[1], batch.k_cache.shape[1]
-    out = torch.zeros_like(q)
-    for i, n in enumerate(batch.seq_lens.tolist()):
-        if n == 0:
-            continue
-        k = gather_kv(batch.k_cache, batch.block_tables[i], n)
-        v = gather_kv(batch.v_cache, batch.block_tables[i], n)
+_ADDRESS_MISTAKES: list[tuple[str, Callable[..., tuple[int, int, int, bool]]]] = [
+    ("one block too far: every token is read from the block after its own",
+     lambda row, p, n, bs, h, g: (row[p // bs + 1], p % bs, h // g, p < n)),
+    ("off by one at a block boundary: the last token of each block is looked up in the next block",
+     lambda row, p, n, bs, h, g: (row[(p + 1) // bs], p % bs, h // g, p < n)),
+    ("the blocks of a sequence are scattered over the pool, not consecutive after its first block",
+     lambda row, p, n, bs, h, g: (row[0] + p // bs, p % bs, h // g, p < n)),
+    ("the slot inside the block is wrong: every token of a block is read from the same slot",
+     lambda row, p, n, bs, h, g: (row[p // bs], 0, h // g, p < n)),
+    ("block and slot are swapped",
+     lambda row, p, n, bs, h, g: (row[p % bs], p // bs, h // g, p < n)),
+    (("the wrong grouped-query head: consecutive query heads share one K/V head, so query heads "
+     "0..GROUP-1 all read K/V head 0"),
+     lambda row, p, n, bs, h, g: (row[p // bs], p % bs, h % g, p < n)),
+    ("tokens at or past seq_len are read: the tail of the last block holds no token (NaN here)",
+     lambda row, p, n, bs, h, g: (row[p // bs], p % bs, h // g, True)),
+]
+
+
+def _fold_right(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> State:
+    m_new = torch.maximum(m, s.max())
+    safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    alpha, p = torch.exp(m - safe), torch.exp(s - safe)
+    return m_new, alpha * l + p.sum(), alpha * acc + p @ v
+
+
+def _fold_no_rescale(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> State:
+    m_new = torch.maximum(m, s.max())
+    p = torch.exp(s - m_new)
+    return m_new, l + p.sum(), acc + p @ v
+
+
+def _fold_no_max(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> State:
+    p = torch.exp(s)
+    return torch.maximum(m, s.max()), l + p.sum(), acc + p @ v
+
+
+def _fold_rescale_l_only(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor,
+                         v: torch.Tensor) -> State:
+    m_new = torch.maximum(m, s.max())
+    alpha, p = torch.exp(m - m_new), torch.exp(s - m_new)
+    return m_new, alpha * l + p.sum(), acc + p @ v
+
+
+_FOLD_MISTAKES = [
+    (("online softmax without rescaling: when a tile raises the running maximum, what l and acc summed "
+     "so far is still relative to the old maximum"), _fold_no_rescale),
+    ("only l is rescaled when the maximum grows; acc was summed under the old maximum too", _fold_rescale_l_only),
+    ("the exponentials overflow: exp of a raw score passes float32's range (about 88) in this case",
+     _fold_no_max),
+]
+
+
+def _replay(b: PagedBatch, scale: float, addr: Callable[..., tuple[int, int, int, bool]] = _right_addr,
+            fold: Callable[..., State] = _fold_right) -> torch.Tensor:
+    """The skeleton kernel in torch: same tiles, same masking of unreadable rows, float32."""
+    num_blocks, kv_heads, bs, d = b.k_cache.shape
+    q_heads = b.q.shape[1]
+    group = q_heads // kv_heads
+    # The skeleton reads flat element offsets: a wrong slot or head lands in some other row of the cache.
+    k_rows, v_rows = b.k_cache.float().reshape(-1, d), b.v_cache.float().reshape(-1, d)
+    out = torch.zeros(b.q.shape, dtype=torch.float32)
+    pad = [-1] * (BLOCK_N + 2)
+    for i, n in enumerate(b.seq_lens.tolist()):
+        row = b.block_tables[i].tolist() + pad
         for h in range(q_heads):
-            kv = kv_head_of(h, q_heads, kv_heads)
-            out[i, h] = torch.softmax((k[kv] @ q[i, h]) * scale, dim=0) @ v[kv]
+            q = b.q[i, h].float()
+            m, l, acc = torch.tensor(float("-inf")), torch.tensor(0.0), torch.zeros(d)
+            for start in range(0, n, BLOCK_N):
+                ks, vs, ok = [], [], []
+                for p in range(start, start + BLOCK_N):
+                    blk, slot, kvh, valid = addr(row, p, n, bs, h, group)
+                    flat = (blk * kv_heads + kvh) * bs + slot  # row index in [num_blocks * kv_heads * bs, d]
+                    valid = valid and 0 <= blk < num_blocks and 0 <= flat < k_rows.shape[0]
+                    ks.append(k_rows[flat] if valid else torch.zeros(d))
+                    vs.append(v_rows[flat] if valid else torch.zeros(d))
+                    ok.append(valid)
+                k, v = torch.stack(ks), torch.stack(vs)
+                s = torch.where(torch.tensor(ok), (k @ q) * scale, torch.tensor(float("-inf")))
+                m, l, acc = fold(m, l, acc, s, v)
+            out[i, h] = acc / torch.where(l > 0, l, torch.ones_like(l))  # as the skeleton divides
     return out
 
 
-def _decode_cases() -> Iterator[Tuple[str, Any, Optional[float]]]:
-    common = dict(block_size=4, seed=4)
-    yield ("one query head per K/V head", make_paged_batch([5, 16, 1], num_q_heads=2, num_kv_heads=2,
-                                                           head_dim=16, **common), None)
-    gqa = make_paged_batch([1, 17, 33, 64], num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=16,
-                           spare_blocks=2, pad_columns=2, seed=5)
-    yield "grouped-query attention, 4 query heads per K/V head", gqa, None
-    yield ("one K/V head for all query heads, an empty sequence",
-           make_paged_batch([7, 0, 12], num_q_heads=4, num_kv_heads=1, head_dim=16, **common), None)
-    yield ("block size 1, 2 query heads per K/V head",
-           make_paged_batch([9, 20], num_q_heads=6, num_kv_heads=3, head_dim=16, block_size=1, seed=6), None)
-    yield "a scale given by the caller", gqa, 0.3
+def _matches(got: torch.Tensor, other: torch.Tensor, dtype: torch.dtype) -> bool:
+    both_nan = torch.isnan(got.float()) & torch.isnan(other)
+    return bool((both_nan | _close(got, other.to(dtype), dtype)).all())
 
 
-def check_paged_decode_attention(paged_decode_attention: Callable[..., torch.Tensor]) -> None:
-    """Task 09.2: ``paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None)``."""
-    for what, b, scale in _decode_cases():
+# --------------------------------------------------------------------------- cases of 09.1 and 09.2
+def _kernel_cases() -> Iterator[tuple[str, PagedBatch, float | None]]:
+    yield ("2 query heads per K/V head, tiles spanning two blocks",
+           make_paged_batch([5, 16, 1, 23], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                            spare_blocks=2, pad_columns=2, seed=21), None)
+    yield ("blocks larger than a tile, an empty sequence, 3 query heads per K/V head",
+           make_paged_batch([17, 0, 30], num_q_heads=6, num_kv_heads=2, head_dim=8, block_size=16,
+                            spare_blocks=1, pad_columns=1, seed=22), 0.4)
+    yield ("block size 1, every query head on one K/V head",
+           make_paged_batch([9, 3], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=1, seed=23), None)
+    big = make_paged_batch([20, 31], num_q_heads=2, num_kv_heads=2, head_dim=16, block_size=4,
+                           pad_columns=1, seed=24)
+    big.q = big.q * 60  # scores reach 175: a plain exp overflows float32
+    yield "large scores (over 100): exp overflows float32 past 88", big, None
+    yield ("bfloat16, 4 query heads per K/V head",
+           make_paged_batch([12, 26], num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=8,
+                            dtype=torch.bfloat16, seed=25), None)
+
+
+def _first_wrong(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> tuple[int, int] | None:
+    bad = ~_close(got, want, dtype).all(dim=-1)  # [num_seqs, q_heads]
+    where = torch.nonzero(bad)
+    return None if len(where) == 0 else (int(where[0, 0]), int(where[0, 1]))
+
+
+def _one_sequence(b: PagedBatch, i: int, length: int) -> PagedBatch:
+    return PagedBatch(b.q[i:i + 1], b.k_cache, b.v_cache, b.block_tables[i:i + 1],
+                      torch.tensor([length], dtype=torch.int32), [], [])
+
+
+def _first_wrong_token(launch: Callable[..., torch.Tensor], b: PagedBatch, i: int, h: int,
+                       scale: float, call: str) -> int | None:
+    """Binary search for the shortest prefix of sequence ``i`` whose output (head ``h``) is wrong."""
+    dtype = b.q.dtype
+    lo, hi = 1, int(b.seq_lens[i])  # the answer lies in [lo, hi]; hi is known wrong
+    while lo < hi:
+        mid = (lo + hi) // 2
+        probe = _one_sequence(b, i, mid)
+        want = paged_attention_reference(probe.q, probe.k_cache, probe.v_cache, probe.block_tables,
+                                         probe.seq_lens, scale)
+        got = call_learner(launch, (probe.q, probe.k_cache, probe.v_cache, probe.block_tables, probe.seq_lens,
+                                    scale), call, "a tensor")
+        if not is_tensor(got) or tuple(got.shape) != tuple(want.shape):
+            return None
+        if bool(_close(got[0, h], want[0, h], dtype).all()):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+def _check_decode_launcher(launch: Callable[..., torch.Tensor], task: str, name: str,
+                           mistakes: Sequence[tuple[str, Callable[..., Any]]], kind: str) -> None:
+    for what, b, scale in _kernel_cases():
         used = 1.0 / math.sqrt(b.q.shape[-1]) if scale is None else scale
         want = paged_attention_reference(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, used)
-        call = (f"paged_decode_attention(q {tuple(b.q.shape)}, k_cache/v_cache {tuple(b.k_cache.shape)}, "
-                f"block_tables={b.block_tables.tolist()}, seq_lens={b.seq_lens.tolist()}"
-                + (")" if scale is None else f", scale={scale})") + f"   [{what}]")
-        kwargs = {} if scale is None else {"scale": scale}
-        got = call_learner(paged_decode_attention, (b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens), call,
-                    _brief(want), **kwargs)
-        if not isinstance(got, torch.Tensor):
-            raise fail(call, _brief(want), got, "return a torch.Tensor")
-        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-            raise fail(call, _brief(want), _brief(got), "return q's shape [num_seqs, num_q_heads, head_dim] and dtype")
-        if torch.allclose(got, want, atol=1e-5, rtol=1e-5):
+        call = f"{name}({_describe(b)}, scale={used:g})   [{what}]"
+        got = call_learner(launch, (b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, used), call, want)
+        if not is_tensor(got) or tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            raise fail(call, want, got, "the launcher returns the kernel's output, shaped and typed like q: "
+                                        "did the cell change it?")
+        wrong = _first_wrong(got, want, b.q.dtype)
+        if wrong is None:
             continue
-        empty = [i for i, n in enumerate(b.seq_lens.tolist()) if n == 0]
-        if not bool(torch.isfinite(got[[i for i in range(len(got)) if i not in empty]]).all()):
-            hint = ("NaN or inf in the output: you read slots past a sequence's last token (the tail of its last "
-                    "block holds NaN here) or followed a -1 entry of the block table; use only its first "
-                    "seq_len tokens")
-        elif empty and not torch.equal(got[empty], want[empty]):
-            hint = "a sequence of length 0 attends to nothing: its output row is all zeros"
-        elif torch.allclose(got, _decode_with_mapping(b, used, lambda h, hq, hk: h % hk), atol=1e-5, rtol=1e-5):
-            hint = ("consecutive query heads share a K/V head: query head h uses K/V head h // (num_q_heads // "
-                    "num_kv_heads), not h % num_kv_heads")
-        elif scale is not None and torch.allclose(
-                got, paged_attention_reference(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens,
-                                               1.0 / math.sqrt(b.q.shape[-1])), atol=1e-5, rtol=1e-5):
-            hint = "use the scale argument when it is given; 1/sqrt(head_dim) only when it is None"
-        elif torch.allclose(got, _decode_with_mapping(b, 1.0, lambda h, hq, hk: h // (hq // hk)),
-                            atol=1e-5, rtol=1e-5):
-            hint = "multiply the scores by the scale, 1/sqrt(head_dim) by default, before the softmax"
+        i, h = wrong
+        group = b.q.shape[1] // b.k_cache.shape[1]
+        where = (f"first wrong: sequence {i} (seq_len {int(b.seq_lens[i])}), query head {h} "
+                 f"(K/V head {h // group})")
+        named = None
+        for mistake, variant in mistakes:
+            other = _replay(b, used, **{kind: variant})
+            if _matches(got, other, b.q.dtype):
+                named = mistake
+                break
+        token = _first_wrong_token(launch, b, i, h, used, call) if named is None or kind == "addr" else None
+        if token is not None:
+            bs = b.k_cache.shape[2]
+            if kind == "addr":
+                logical = token // bs
+                where += (f"; its output is right up to seq_len {token} and wrong from {token + 1}: token {token} "
+                          f"is the first read wrong (logical block {logical}, which the block table maps to "
+                          f"physical block {int(b.block_tables[i, logical])}, slot {token % bs})")
+            else:
+                where += (f"; its output is right up to seq_len {token} and wrong from {token + 1} (tile "
+                          f"{token // BLOCK_N}, tiles of {BLOCK_N} tokens)")
+        got_nan = bool(torch.isnan(got[i, h].float()).any())
+        if named is not None:
+            hint = named
+        elif got_nan and kind == "addr":
+            hint = "NaN: a row was read that holds no token of this sequence (unused slots hold NaN here)"
+        elif got_nan:
+            hint = "NaN or inf from the fold: check what happens when a score is large, or -inf (a masked row)"
         else:
-            hint = ("for each sequence: gather its first seq_len keys and values through its block table, "
-                    "scores = (K @ q) * scale for each query head, softmax over the keys, weighted sum of V")
-        raise fail(call, _brief(want), _off_by(got, want), hint)
-    passed("09.2")
+            hint = ("the rows read are not this query head's keys at these positions" if kind == "addr"
+                    else "the folded state does not give softmax attention over every tile seen")
+        raise fail(f"{call}\n  {where}", want[i, h], got[i, h], hint)
+    passed(task)
+
+
+def check_tile_addresses(decode_with_my_addresses: Callable[..., torch.Tensor]) -> None:
+    """Task 09.1: the skeleton kernel with the learner's ``tile_addresses`` gives reference attention."""
+    _check_decode_launcher(decode_with_my_addresses, "09.1", "decode_with_my_addresses", _ADDRESS_MISTAKES, "addr")
+
+
+def check_fold_tile(decode_with_my_fold: Callable[..., torch.Tensor]) -> None:
+    """Task 09.2: the skeleton kernel with the learner's ``fold_tile`` gives reference attention."""
+    _check_decode_launcher(decode_with_my_fold, "09.2", "decode_with_my_fold", _FOLD_MISTAKES, "fold")
 
 
 # --------------------------------------------------------------------------- 09.3
@@ -172,21 +256,7 @@ def _state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> S
     return m, p.sum(), p @ v.float()
 
 
-def _state_cases() -> Iterator[Tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, float]]:
-    gen = torch.Generator().manual_seed(9)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen)
-
-    yield "10 keys", randn(16), randn(10, 16), randn(10, 16), 0.25
-    yield "one key", randn(16), randn(1, 16), randn(1, 16), 0.25
-    yield "no keys", randn(8), torch.zeros(0, 8), torch.zeros(0, 8), 0.3
-    yield "scores in the hundreds (exp overflows float32 past 88)", 40 * randn(16), randn(7, 16), randn(7, 16), 1.0
-    yield "all scores far below zero", -40 * torch.ones(8), torch.ones(5, 8), randn(5, 8), 1.0
-    yield "head_dim 8, scale 1", randn(8), randn(33, 8), randn(33, 8), 1.0
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _state_close(a: torch.Tensor, b: torch.Tensor) -> bool:
     a, b = a.float(), b.float()
     if a.shape != b.shape:
         return False
@@ -195,49 +265,15 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _show_state(state: Sequence[Any]) -> str:
-    parts = [_brief(x) if isinstance(x, torch.Tensor) else repr(x) for x in state]
-    return "(m=" + parts[0] + ", l=" + parts[1] + ", acc=" + parts[2] + ")"
+    return "(m=" + show(state[0]) + ",\n l=" + show(state[1]) + ",\n acc=" + show(state[2]) + ")"
 
 
 def _unpack(got: Any, call: str, want: State) -> State:
-    if not isinstance(got, (tuple, list)) or len(got) != 3:
-        raise fail(call, _show_state(want), got, "return a tuple (m, l, acc)")
-    m = _as_tensor(got[0], call, "m", _show_state(want))
-    l = _as_tensor(got[1], call, "l", _show_state(want))
-    acc = _as_tensor(got[2], call, "acc", _show_state(want))
-    return m, l, acc
+    if not isinstance(got, (tuple, list)) or len(got) != 3 or not all(is_tensor(x) for x in got):
+        raise fail(call, _show_state(want), got, "return a tuple of three tensors (m, l, acc)")
+    return got[0], got[1], got[2]
 
 
-def check_partial_softmax_state(partial_softmax_state: Callable[..., Any]) -> None:
-    """Task 09.3: ``partial_softmax_state(q, k, v, scale)`` -> ``(m, l, acc)`` of one chunk of keys."""
-    for what, q, k, v, scale in _state_cases():
-        want = _state(q, k, v, scale)
-        call = f"partial_softmax_state(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, scale={scale})   [{what}]"
-        got = _unpack(call_learner(partial_softmax_state, (q.clone(), k.clone(), v.clone(), scale), call,
-                            _show_state(want)), call, want)
-        shapes_ok = got[0].numel() == 1 and got[1].numel() == 1 and tuple(got[2].shape) == tuple(want[2].shape)
-        if not shapes_ok:
-            raise fail(call, _show_state(want), _show_state(got),
-                       "m and l are single numbers (0-dim tensors); acc has head_dim entries")
-        m, l, acc = got[0].reshape(()), got[1].reshape(()), got[2]
-        if _close(m, want[0]) and _close(l, want[1]) and _close(acc, want[2]):
-            continue
-        if k.shape[0] == 0:
-            hint = ("with no keys the state is m = -inf (no score seen yet), l = 0, acc = zeros(head_dim), "
-                    "so that merging it with another state changes nothing")
-        elif not (bool(torch.isfinite(l)) and bool(torch.isfinite(acc).all())):
-            hint = "exp of a large score overflows: subtract the chunk's maximum score m before taking exp"
-        elif _close(acc, want[2] / want[1]):
-            hint = "acc is the unnormalised weighted sum, sum(exp(s - m) * v); do not divide by l"
-        elif not _close(m, want[0]):
-            hint = "m is the largest scaled score of the chunk, max((k @ q) * scale)"
-        else:
-            hint = "with s = (k @ q) * scale and m = max(s): l = sum(exp(s - m)), acc = exp(s - m) @ v"
-        raise fail(call, _show_state(want), _show_state(got), hint)
-    passed("09.3")
-
-
-# --------------------------------------------------------------------------- 09.4
 def _merge_ref(a: State, b: State) -> State:
     m = torch.maximum(a[0], b[0])
     safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
@@ -249,7 +285,7 @@ def _stack(states: Sequence[State]) -> State:
     return tuple(torch.stack([s[i] for s in states]) for i in range(3))  # type: ignore[return-value]
 
 
-def _merge_cases() -> Iterator[Tuple[str, State, State, Optional[torch.Tensor]]]:
+def _merge_cases() -> Iterator[tuple[str, State, State, torch.Tensor | None]]:
     """(what, state a, state b, the attention output of the union of their keys or None)."""
     gen = torch.Generator().manual_seed(11)
 
@@ -283,36 +319,122 @@ def _merge_cases() -> Iterator[Tuple[str, State, State, Optional[torch.Tensor]]]
 
 
 def check_merge_softmax_states(merge_softmax_states: Callable[[State, State], Any]) -> None:
-    """Task 09.4: ``merge_softmax_states(a, b)`` -> the state of both chunks' keys together."""
+    """Task 09.3: ``merge_softmax_states(a, b)`` -> the state of both chunks' keys together."""
     for what, a, b, output in _merge_cases():
         want = _merge_ref(a, b)
-        call = f"merge_softmax_states(a={_show_state(a)}, b={_show_state(b)})   [{what}]"
+        call = f"merge_softmax_states(a={_show_state(a)},\n b={_show_state(b)})   [{what}]"
         a_in = tuple(t.clone() for t in a)
         b_in = tuple(t.clone() for t in b)
         got = _unpack(call_learner(merge_softmax_states, (a_in, b_in), call, _show_state(want)), call, want)
+        for name, given, original in zip(("a", "b"), (a_in, b_in), (a, b)):
+            for part, t, t0 in zip(("m", "l", "acc"), given, original):
+                if not (t.shape == t0.shape and bool(((t == t0) | (torch.isnan(t) & torch.isnan(t0))).all())):
+                    raise fail(call, f"{name}'s {part} unchanged: {show(t0)}", f"{name}'s {part} after the call: "
+                               f"{show(t)}", "the inputs were modified: the caller may still need a and b "
+                               "(a kernel merges many splits from the same buffers); build new tensors")
         m, l, acc = got
         if m.shape != want[0].shape or l.shape != want[1].shape or acc.shape != want[2].shape:
             raise fail(call, _show_state(want), _show_state(got),
                        "the merged m and l have the shape of the inputs' m and l; acc has theirs plus head_dim")
-        good = _close(m, want[0]) and _close(l, want[1]) and _close(acc, want[2])
+        good = _state_close(m, want[0]) and _state_close(l, want[1]) and _state_close(acc, want[2])
         if good and output is not None:
-            good = _close(acc / l[..., None], output)
+            good = _state_close(acc / l[..., None], output)
         if good:
             continue
         broken = bool(torch.isnan(m).any()) or not (bool(torch.isfinite(l).all()) and bool(torch.isfinite(acc).all()))
         both_empty = bool((torch.isinf(a[0]) & torch.isinf(b[0])).any())
         if broken and both_empty:
-            hint = ("NaN: when both states are empty, m = -inf and exp(-inf - (-inf)) is NaN; give an empty "
-                    "state (m = -inf) the weight 0 without computing that difference (torch.where helps)")
+            hint = ("NaN where both states are empty: m = -inf there, and exp(-inf - (-inf)) is NaN; an empty "
+                    "state must weigh 0")
         elif broken:
-            hint = ("NaN or inf from an overflow: never take exp of a max score on its own; weigh each state "
-                    "by exp(m_j - m) with m = max(m_a, m_b), which is at most 1")
-        elif _close(l, a[1] + b[1]):
-            hint = ("each state's l and acc are relative to its own max; rescale both by exp(m_j - m), "
-                    "m = max(m_a, m_b), before adding them")
-        elif not _close(m, want[0]):
-            hint = "the merged m is the larger of the two maxima, torch.maximum(m_a, m_b)"
+            hint = "NaN or inf from an overflow: no weight should ever exceed 1"
+        elif _state_close(l, a[1] + b[1]):
+            hint = ("online softmax without rescaling: each state's l and acc are relative to its own maximum, "
+                    "not to the merged one")
+        elif not _state_close(m, want[0]):
+            hint = "the merged m is wrong: it is the largest score over both chunks"
         else:
-            hint = "l = exp(m_a - m) * l_a + exp(m_b - m) * l_b, and acc the same with acc_a and acc_b"
+            hint = "l and acc must both be weighed the same way before they are added"
         raise fail(call, _show_state(want), _show_state(got), hint)
+    passed("09.3")
+
+
+# --------------------------------------------------------------------------- 09.4
+def _split_cases() -> Iterator[tuple[str, PagedBatch, int, float | None]]:
+    yield ("float32, 2 query heads per K/V head, 3 splits",
+           make_paged_batch([10, 33, 1], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                            spare_blocks=2, pad_columns=2, seed=31), 3, None)
+    yield ("one split (plain decode), an empty sequence, a given scale",
+           make_paged_batch([7, 0, 20], num_q_heads=3, num_kv_heads=1, head_dim=8, block_size=16, seed=32), 1, 0.3)
+    yield ("more splits than tokens: some chunks are empty",
+           make_paged_batch([3, 5], num_q_heads=2, num_kv_heads=2, head_dim=8, block_size=2, seed=33), 4, None)
+    big = make_paged_batch([40, 24], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=8, seed=34)
+    big.q = big.q * 60  # scores past 88: a plain exp overflows float32
+    yield "large scores (over 100), 4 splits", big, 4, None
+    yield ("float16, 4 query heads per K/V head, 2 splits",
+           make_paged_batch([19, 64], num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=16,
+                            dtype=torch.float16, pad_columns=1, seed=35), 2, None)
+    yield ("bfloat16, 2 splits",
+           make_paged_batch([30, 9], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                            dtype=torch.bfloat16, seed=36), 2, None)
+
+
+def _decode_with_kv_head(b: PagedBatch, scale: float, kv_head_of: Callable[[int, int], int]) -> torch.Tensor:
+    out = torch.zeros(b.q.shape, dtype=torch.float32)
+    group = b.q.shape[1] // b.k_cache.shape[1]
+    for i, n in enumerate(b.seq_lens.tolist()):
+        if n:
+            k, v = b.keys[i].float(), b.values[i].float()
+            for h in range(b.q.shape[1]):
+                kv = kv_head_of(h, group)
+                out[i, h] = torch.softmax((k[kv] @ b.q[i, h].float()) * scale, 0) @ v[kv]
+    return out
+
+
+def check_split_k_decode(split_k_decode: Callable[..., torch.Tensor]) -> None:
+    """Task 09.4: ``split_k_decode(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale=None)``."""
+    for what, b, splits, scale in _split_cases():
+        used = 1.0 / math.sqrt(b.q.shape[-1]) if scale is None else scale
+        want = paged_attention_reference(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, used)
+        call = (f"split_k_decode({_describe(b)}, num_splits={splits}"
+                + (")" if scale is None else f", scale={scale})") + f"   [{what}]")
+        kwargs = {} if scale is None else {"scale": scale}
+        inputs = (b.q.clone(), b.k_cache.clone(), b.v_cache.clone(), b.block_tables.clone(), b.seq_lens.clone())
+        got = call_learner(split_k_decode, (*inputs, splits), call, want, **kwargs)
+        if not is_tensor(got):
+            raise fail(call, want, got, "return a torch.Tensor")
+        if tuple(got.shape) != tuple(want.shape):
+            raise fail(call, want, got, "the output is shaped like q: [num_seqs, num_q_heads, head_dim]")
+        if got.dtype != b.q.dtype:
+            raise fail(call, want, got, f"the result has dtype {got.dtype}, the queries {b.q.dtype}: compute in "
+                                        "float32 if you like, but return the queries' dtype (the next layer "
+                                        "expects it)")
+        for name, given, original in zip(("q", "k_cache", "v_cache"), inputs, (b.q, b.k_cache, b.v_cache)):
+            if not torch.equal(torch.nan_to_num(given), torch.nan_to_num(original)):
+                raise fail(call, f"{name} unchanged", f"{name} modified", "the inputs were modified: the cache "
+                           "is shared by every later step; never write into it while attending")
+        ok = _close(got, want, b.q.dtype)
+        if bool(ok.all()):
+            continue
+        i, h = (int(x) for x in torch.nonzero(~ok.all(dim=-1))[0])
+        where = f"\n  first wrong: sequence {i} (seq_len {int(b.seq_lens[i])}), query head {h}"
+        group = b.q.shape[1] // b.k_cache.shape[1]
+        if not bool(torch.isfinite(got[i, h].float()).all()):
+            hint = ("NaN or inf: a slot past a sequence's last token (NaN here) was read, an empty chunk's "
+                    "-inf maximum met another -inf, or an exponential overflowed")
+        elif int(b.seq_lens[i]) == 0:
+            hint = "a sequence of length 0 attends to nothing: its output row is all zeros"
+        elif group > 1 and _matches(got, _decode_with_kv_head(b, used, lambda hh, g, kv=b.k_cache.shape[1]: hh % kv),
+                                    b.q.dtype):
+            hint = ("the wrong grouped-query head: consecutive query heads share a K/V head "
+                    f"(here {group} query heads per K/V head)")
+        elif scale is not None and _matches(got, _decode_with_kv_head(
+                b, 1.0 / math.sqrt(b.q.shape[-1]), lambda hh, g: hh // g), b.q.dtype):
+            hint = "the scale argument was ignored"
+        elif _matches(got, _decode_with_kv_head(b, 1.0, lambda hh, g: hh // g), b.q.dtype):
+            hint = "the scores are not scaled"
+        else:
+            hint = ("not softmax attention over the sequence's first seq_len tokens: check each chunk's state and "
+                    "how the chunks are merged")
+        raise fail(call + where, want[i, h], got[i, h], hint)
     passed("09.4")

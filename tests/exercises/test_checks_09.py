@@ -1,4 +1,8 @@
-"""Exercise 09's checks bite: correct solutions pass with the one success line, planted wrong ones fail."""
+"""Exercise 09's checks bite: correct solutions pass with the one success line, planted wrong ones fail.
+
+Tasks 09.1 and 09.2 are Triton: the planted solutions are ``@triton.jit`` functions run through
+the exercise's kernel skeleton under the interpreter, exactly as the learner's notebook runs them.
+"""
 
 from __future__ import annotations
 
@@ -6,157 +10,171 @@ import math
 
 import pytest
 import torch
-
-from paged_kv_lib.grading import (
-    check_gather_k_at,
-    check_merge_softmax_states,
-    check_paged_decode_attention,
-    check_partial_softmax_state,)
-
+import triton
+import triton.language as tl
 from check_helpers import fails, not_implemented, passes
 
+from paged_kv_lib.grading import (
+    check_fold_tile,
+    check_merge_softmax_states,
+    check_split_k_decode,
+    check_tile_addresses,
+)
+from paged_kv_lib.grading.triton_decode import run_decode_skeleton
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
-
-
 @pytest.mark.parametrize(
-    "check", [check_gather_k_at, check_paged_decode_attention, check_partial_softmax_state, check_merge_softmax_states]
+    "check", [check_tile_addresses, check_fold_tile, check_merge_softmax_states, check_split_k_decode]
 )
 def test_an_untouched_task_raises_not_implemented(check):
     with pytest.raises(NotImplementedError):
         check(not_implemented)
 
 
-# --------------------------------------------------------------------------- 09.1
-def gather_k_at(k_cache, block_table_row, positions, *, variant=None):
-    block_size = k_cache.shape[2]
-    rows = []
-    for p in positions:
-        if variant == "swapped":
-            block, offset = int(block_table_row[p % block_size]), p // block_size
-        elif variant == "consecutive-blocks":
-            block, offset = int(block_table_row[0]) + p // block_size, p % block_size
-        elif variant == "offset-zero":
-            block, offset = int(block_table_row[p // block_size]), 0
-        else:
-            block, offset = int(block_table_row[p // block_size]), p % block_size
-        rows.append(k_cache[block, :, offset])
-    out = torch.stack(rows, dim=1) if rows else k_cache.new_zeros(k_cache.shape[1], 0, k_cache.shape[3])
-    if variant == "tokens-first":
-        out = out.transpose(0, 1)
-    if variant == "float64":
-        out = out.double()
-    return out
+# --------------------------------------------------------------------------- 09.1 (Triton)
+@triton.jit
+def addresses_right(table_row_ptr, pos, seq_len, head, table_width, num_blocks,
+                    stride_kb, stride_kh, stride_kt, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    logical = pos // BLOCK_SIZE
+    readable = (pos < seq_len) & (logical < table_width)
+    block = tl.load(table_row_ptr + logical, mask=readable, other=-1).to(tl.int64)
+    rows = block * stride_kb + (head // GROUP) * stride_kh + (pos % BLOCK_SIZE) * stride_kt
+    return rows, readable & (block >= 0) & (block < num_blocks)
 
 
-def test_gather_k_at_correct(capsys):
-    passes(check_gather_k_at, gather_k_at, "09.1", capsys)
+@triton.jit
+def addresses_one_block_too_far(table_row_ptr, pos, seq_len, head, table_width, num_blocks,
+                                stride_kb, stride_kh, stride_kt, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    logical = pos // BLOCK_SIZE + 1
+    readable = pos < seq_len
+    block = tl.load(table_row_ptr + logical, mask=readable, other=-1).to(tl.int64)
+    rows = block * stride_kb + (head // GROUP) * stride_kh + (pos % BLOCK_SIZE) * stride_kt
+    return rows, readable & (block >= 0) & (block < num_blocks)
 
 
-def test_gather_k_at_vectorised_correct(capsys):
-    def vectorised(k_cache, block_table_row, positions):
-        pos = torch.tensor(positions, dtype=torch.long)
-        blocks = block_table_row.long()[pos // k_cache.shape[2]]
-        return k_cache[blocks, :, pos % k_cache.shape[2]].transpose(0, 1)
-
-    passes(check_gather_k_at, vectorised, "09.1", capsys)
-
-
-@pytest.mark.parametrize("variant", ["swapped", "consecutive-blocks", "offset-zero", "tokens-first", "float64"])
-def test_gather_k_at_wrong(variant):
-    fails(check_gather_k_at, lambda c, r, p: gather_k_at(c, r, p, variant=variant))
+@triton.jit
+def addresses_gqa_modulo(table_row_ptr, pos, seq_len, head, table_width, num_blocks,
+                         stride_kb, stride_kh, stride_kt, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    logical = pos // BLOCK_SIZE
+    readable = pos < seq_len
+    block = tl.load(table_row_ptr + logical, mask=readable, other=-1).to(tl.int64)
+    rows = block * stride_kb + (head % GROUP) * stride_kh + (pos % BLOCK_SIZE) * stride_kt
+    return rows, readable & (block >= 0)
 
 
-def test_gather_k_at_hints_name_the_translation():
-    assert "block_table_row[p // block_size]" in fails(
-        check_gather_k_at, lambda c, r, p: gather_k_at(c, r, p, variant="offset-zero"))
-    assert "[kv_heads, len(positions), head_dim]" in fails(
-        check_gather_k_at, lambda c, r, p: gather_k_at(c, r, p, variant="tokens-first"))
+@triton.jit
+def addresses_unmasked_tail(table_row_ptr, pos, seq_len, head, table_width, num_blocks,
+                            stride_kb, stride_kh, stride_kt, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    logical = pos // BLOCK_SIZE
+    block = tl.load(table_row_ptr + logical).to(tl.int64)  # the skeleton's table has spare -1 columns
+    rows = block * stride_kb + (head // GROUP) * stride_kh + (pos % BLOCK_SIZE) * stride_kt
+    return rows, block >= 0
 
 
-# --------------------------------------------------------------------------- 09.2
-def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, variant=None):
-    num_seqs, q_heads, head_dim = q.shape
-    kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
-    group = q_heads // kv_heads
-    if scale is None or variant == "ignores-scale":
-        scale = 1.0 / math.sqrt(head_dim)
-    if variant == "no-scale":
-        scale = 1.0
-    out = torch.zeros_like(q)
-    if variant == "masked-padding":  # every table column, positions past seq_len masked with -inf
-        ids = block_tables.long().clamp(min=0)
-        k = k_cache[ids].permute(0, 2, 1, 3, 4).reshape(num_seqs, kv_heads, -1, head_dim)
-        v = v_cache[ids].permute(0, 2, 1, 3, 4).reshape(num_seqs, kv_heads, -1, head_dim)
-        visible = torch.arange(k.shape[2])[None, :] < seq_lens.long()[:, None]
-        for i in range(num_seqs):
-            ki, vi = torch.nan_to_num(k[i]), torch.nan_to_num(v[i])
-            for h in range(q_heads):
-                scores = ((ki[h // group] @ q[i, h]) * scale).masked_fill(~visible[i], float("-inf"))
-                out[i, h] = torch.softmax(scores, dim=0) @ vi[h // group]
-        return out
-    for i, n in enumerate(seq_lens.tolist()):
-        if n == 0:
-            continue
-        blocks = (n + block_size - 1) // block_size
-        ids = block_tables[i, :blocks].long()
-        k = k_cache[ids].permute(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
-        v = v_cache[ids].permute(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
-        if variant != "whole-last-block":
-            k, v = k[:, :n], v[:, :n]
-        for h in range(q_heads):
-            kv = h % kv_heads if variant == "gqa-modulo" else h // group
-            out[i, h] = torch.softmax((k[kv] @ q[i, h]) * scale, dim=0) @ v[kv]
-    return out
+@triton.jit
+def addresses_boundary(table_row_ptr, pos, seq_len, head, table_width, num_blocks,
+                       stride_kb, stride_kh, stride_kt, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    logical = (pos + 1) // BLOCK_SIZE
+    readable = pos < seq_len
+    block = tl.load(table_row_ptr + logical, mask=readable, other=-1).to(tl.int64)
+    rows = block * stride_kb + (head // GROUP) * stride_kh + (pos % BLOCK_SIZE) * stride_kt
+    return rows, readable & (block >= 0)
 
 
-def test_paged_decode_attention_correct(capsys):
-    passes(check_paged_decode_attention, paged_decode_attention, "09.2", capsys)
+def launcher(addresses=None, fold=None):
+    def launch(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
+        return run_decode_skeleton(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                   addresses=addresses, fold=fold)
+    return launch
 
 
-WRONG_DECODE = {
-    "no-scale": "multiply the scores by the scale",
-    "ignores-scale": "use the scale argument",
-    "gqa-modulo": "h // (num_q_heads // num_kv_heads)",
-    "whole-last-block": "NaN or inf",
-    "masked-padding": "length 0",
+def test_tile_addresses_correct(capsys):
+    passes(check_tile_addresses, launcher(addresses=addresses_right), "09.1", capsys)
+
+
+WRONG_ADDRESSES = {
+    "one-block-too-far": (addresses_one_block_too_far, "one block too far"),
+    "gqa-modulo": (addresses_gqa_modulo, "wrong grouped-query head"),
+    "unmasked-tail": (addresses_unmasked_tail, "past seq_len"),
+    "boundary": (addresses_boundary, "block boundary"),
 }
 
 
-@pytest.mark.parametrize("variant", sorted(WRONG_DECODE))
-def test_paged_decode_attention_wrong(variant):
-    message = fails(check_paged_decode_attention,
-                    lambda *args, **kw: paged_decode_attention(*args, **kw, variant=variant))
-    assert WRONG_DECODE[variant] in message
+@pytest.mark.parametrize("name", sorted(WRONG_ADDRESSES))
+def test_tile_addresses_wrong(name):
+    fn, words = WRONG_ADDRESSES[name]
+    message = fails(check_tile_addresses, launcher(addresses=fn))
+    assert words in message
+    assert "first wrong: sequence" in message and "query head" in message
+
+
+def test_tile_addresses_points_at_the_token():
+    message = fails(check_tile_addresses, launcher(addresses=addresses_one_block_too_far))
+    assert "token 0 is the first read wrong" in message
+
+
+def test_an_untouched_triton_task_is_not_written():
+    @triton.jit
+    def untouched(table_row_ptr, pos, seq_len, head, table_width, num_blocks,
+                  stride_kb, stride_kh, stride_kt, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+        raise NotImplementedError("Task 09.1: replace this line with your code")
+
+    with pytest.raises(NotImplementedError, match="09.1"):
+        check_tile_addresses(launcher(addresses=untouched))
+
+
+# --------------------------------------------------------------------------- 09.2 (Triton)
+@triton.jit
+def fold_right(m_i, l_i, acc, scores, v):
+    m_new = tl.maximum(m_i, tl.max(scores, 0))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(scores - m_new)
+    return m_new, alpha * l_i + tl.sum(p, 0), alpha * acc + tl.sum(p[:, None] * v, 0)
+
+
+@triton.jit
+def fold_without_rescale(m_i, l_i, acc, scores, v):
+    m_new = tl.maximum(m_i, tl.max(scores, 0))
+    p = tl.exp(scores - m_new)
+    return m_new, l_i + tl.sum(p, 0), acc + tl.sum(p[:, None] * v, 0)
+
+
+@triton.jit
+def fold_rescale_l_only(m_i, l_i, acc, scores, v):
+    m_new = tl.maximum(m_i, tl.max(scores, 0))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(scores - m_new)
+    return m_new, alpha * l_i + tl.sum(p, 0), acc + tl.sum(p[:, None] * v, 0)
+
+
+@triton.jit
+def fold_without_max(m_i, l_i, acc, scores, v):
+    p = tl.exp(scores)
+    return tl.maximum(m_i, tl.max(scores, 0)), l_i + tl.sum(p, 0), acc + tl.sum(p[:, None] * v, 0)
+
+
+def test_fold_tile_correct(capsys):
+    passes(check_fold_tile, launcher(fold=fold_right), "09.2", capsys)
+
+
+WRONG_FOLDS = {
+    "no-rescale": (fold_without_rescale, "without rescaling"),
+    "rescale-l-only": (fold_rescale_l_only, "only l is rescaled"),
+    "no-max": (fold_without_max, "overflow"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_FOLDS))
+def test_fold_tile_wrong(name):
+    fn, words = WRONG_FOLDS[name]
+    message = fails(check_fold_tile, launcher(fold=fn))
+    assert words in message
+    assert "query head" in message
 
 
 # --------------------------------------------------------------------------- 09.3
-def partial_softmax_state(q, k, v, scale, *, variant=None):
-    if k.shape[0] == 0:
-        m0 = 0.0 if variant == "empty-m-zero" else float("-inf")
-        return torch.tensor(m0), torch.tensor(0.0), torch.zeros(v.shape[-1])
-    s = (k @ q) * (1.0 if variant == "no-scale" else scale)
-    m = s.max()
-    p = torch.exp(s) if variant == "no-max" else torch.exp(s - m)
-    acc = p @ v
-    if variant == "normalised":
-        acc = acc / p.sum()
-    return m, p.sum(), acc
-
-
-def test_partial_softmax_state_correct(capsys):
-    passes(check_partial_softmax_state, partial_softmax_state, "09.3", capsys)
-
-
-@pytest.mark.parametrize("variant", ["empty-m-zero", "no-scale", "no-max", "normalised"])
-def test_partial_softmax_state_wrong(variant):
-    fails(check_partial_softmax_state, lambda q, k, v, s: partial_softmax_state(q, k, v, s, variant=variant))
-
-
-# --------------------------------------------------------------------------- 09.4
 def merge_softmax_states(a, b, *, variant=None):
     (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
     m = torch.maximum(m_a, m_b)
@@ -175,19 +193,25 @@ def merge_softmax_states(a, b, *, variant=None):
         return m, l_a + l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
     if variant == "min":
         m = torch.minimum(m_a, m_b)
+    if variant == "in-place":  # right answer, but written into a's tensors
+        l_a.mul_(w_a).add_(w_b * l_b)
+        acc_a.mul_(w_a[..., None]).add_(w_b[..., None] * acc_b)
+        m_a.copy_(m)
+        return m_a, l_a, acc_a
     return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
 
 
 def test_merge_softmax_states_correct(capsys):
-    passes(check_merge_softmax_states, merge_softmax_states, "09.4", capsys)
+    passes(check_merge_softmax_states, merge_softmax_states, "09.3", capsys)
 
 
 WRONG_MERGE = {
-    "no-rescale": "rescale both",
+    "no-rescale": "without rescaling",
     "exp-of-max": "overflow",
     "naive-empty": "NaN",
-    "rescale-acc-only": "rescale both",
-    "min": "larger of the two maxima",
+    "rescale-acc-only": "without rescaling",
+    "min": "merged m",
+    "in-place": "inputs were modified",
 }
 
 
@@ -195,3 +219,62 @@ WRONG_MERGE = {
 def test_merge_softmax_states_wrong(variant):
     message = fails(check_merge_softmax_states, lambda a, b: merge_softmax_states(a, b, variant=variant))
     assert WRONG_MERGE[variant] in message
+
+
+# --------------------------------------------------------------------------- 09.4
+def split_k_decode(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale=None, *, variant=None):
+    _num_seqs, q_heads, d = q.shape
+    kv_heads, bs = k_cache.shape[1], k_cache.shape[2]
+    group = q_heads // kv_heads
+    if scale is None or variant == "ignores-scale":
+        scale = 1.0 / math.sqrt(d)
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    for i, n in enumerate(seq_lens.tolist()):
+        if n == 0:
+            continue
+        pos = torch.arange(n)
+        blocks = block_tables[i].long()[pos // bs]
+        k = k_cache[blocks, :, pos % bs].float()  # [n, kv_heads, d]
+        v = v_cache[blocks, :, pos % bs].float()
+        if variant == "whole-last-block":
+            last = torch.arange(-(-n // bs) * bs)
+            k = k_cache[block_tables[i].long()[last // bs], :, last % bs].float()
+            v = v_cache[block_tables[i].long()[last // bs], :, last % bs].float()
+        chunk = -(-k.shape[0] // num_splits)
+        for h in range(q_heads):
+            kv = h % kv_heads if variant == "gqa-modulo" else h // group
+            state = (torch.tensor(float("-inf")), torch.tensor(0.0), torch.zeros(d))
+            for j in range(num_splits):
+                kk, vv = k[j * chunk:(j + 1) * chunk, kv], v[j * chunk:(j + 1) * chunk, kv]
+                if kk.shape[0] == 0:
+                    continue
+                s = (kk @ q[i, h].float()) * scale
+                part = (s.max(), torch.exp(s - s.max()).sum(), torch.exp(s - s.max()) @ vv)
+                if variant == "no-rescale":
+                    state = (torch.maximum(state[0], part[0]), state[1] + part[1], state[2] + part[2])
+                else:
+                    state = merge_softmax_states(state, part)
+            out[i, h] = state[2] / state[1]
+    if variant == "in-place":
+        q.zero_()
+    return out if variant == "float32-out" else out.to(q.dtype)
+
+
+def test_split_k_decode_correct(capsys):
+    passes(check_split_k_decode, split_k_decode, "09.4", capsys)
+
+
+WRONG_SPLIT = {
+    "float32-out": "dtype",
+    "gqa-modulo": "wrong grouped-query head",
+    "whole-last-block": "NaN",
+    "ignores-scale": "scale argument",
+    "no-rescale": "each chunk's state",
+    "in-place": "inputs were modified",
+}
+
+
+@pytest.mark.parametrize("variant", sorted(WRONG_SPLIT))
+def test_split_k_decode_wrong(variant):
+    message = fails(check_split_k_decode, lambda *a, **k: split_k_decode(*a, **k, variant=variant))
+    assert WRONG_SPLIT[variant] in message
