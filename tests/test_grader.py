@@ -1,10 +1,11 @@
 """The grader's own tests, on the demo exercise in tests/fixtures/grading (no torch in its kernels).
 
-Fast tests cover splicing, finding the pristine exercise, scoring and the command's
-errors without a kernel. Three tests start kernels: one ``paged-kv grade`` of a single
-submission, one that a crashed kernel costs only the cells after it, and one batch over
-a class of five learners (correct, wrong, empty, invalid JSON, endless loops) that
-checks every gradebook row.
+Fast tests cover splicing, finding the course and the pristine exercise, scoring, the
+notes on ungraded code and the command's input errors without a kernel. The tests that
+start kernels: one ``paged-kv grade`` of a single submission, one that a crashed kernel
+costs only the cells after it, and one batch over a class of learners (correct, wrong,
+empty, invalid JSON, endless loops, a double submission) that checks every gradebook
+row. The attacks on the grader are in ``test_grader_attacks.py``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ BLOCKS_STUBBORN = (  # swallows the interrupt: the kernel has to be stopped
     "        except KeyboardInterrupt:\n"
     "            pass\n"
 )
-BLOCKS_MUTE = (  # hides the check's success line
+BLOCKS_MUTE = (  # hides the check's success line: the judge does not read the kernel's output
     "import io, sys\n\n"
     "def blocks_needed(num_tokens, block_size):\n"
     "    sys.stdout = io.StringIO()\n"
@@ -154,16 +155,65 @@ def test_pristine_is_generated_from_a_solution_and_found_by_name_or_number(tmp_p
         grader.find_pristine("77_nothing", [FIXTURES])
 
 
-def test_the_default_search_is_the_course_exercises_folder():
-    assert grader.default_search() == [Path(grader.__file__).resolve().parents[2] / "exercises"]
+def test_the_course_is_found_from_the_notebooks_own_path(tmp_path, monkeypatch):
+    course = tmp_path / "course"
+    (course / "exercises" / "solutions").mkdir(parents=True)
+    (course / "exercises" / "solutions" / "90_demo.ipynb").write_bytes((PRISTINE / "90_demo.ipynb").read_bytes())
+    nb = course / "exercises" / "90_demo.ipynb"
+    nb.write_bytes(LEARNER.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    assert grader.find_course(nb) == course.resolve()
+    assert grader.default_search(nb) == [course.resolve() / "exercises"]
+    assert grader._pristine_source(nb, "90_demo", None) == course.resolve() / "exercises" / "solutions" / "90_demo.ipynb"
+    elsewhere = tmp_path / "elsewhere" / "90_demo.ipynb"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(LEARNER.read_bytes())
+    with pytest.raises(grader.PristineNotFoundError, match="--course"):
+        grader.find_course(elsewhere)
+    assert grader.find_course(elsewhere, course) == course.resolve()
+    with pytest.raises(grader.InputError, match="no exercises/ folder"):
+        grader.find_course(elsewhere, tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("name", ["../90_demo", "/etc/passwd", "90_demo/../../x", "9_demo", "90-demo", "", "90_"])
+def test_exercise_names_must_be_nn_topic(name):
+    with pytest.raises(grader.InputError, match="not an exercise name"):
+        grader.find_pristine(name, [FIXTURES])
+
+
+def test_a_notebook_of_another_exercise_under_this_name_is_refused(tmp_path):
+    nb = read_notebook(LEARNER)
+    path = write(nb, tmp_path / "91_other.ipynb")
+    with pytest.raises(grader.InputError, match="notebook of exercise 90_demo, saved under the name 91_other"):
+        grader.submission_exercise(path, nb)
+    del nb.metadata["paged_kv"]
+    with pytest.raises(grader.InputError, match="tasks of exercise 90"):
+        grader.submission_exercise(path, nb)
+    nb.metadata["paged_kv"] = {"exercise": "../../evil/90_demo"}  # not a name: ignored, the file name counts
+    assert grader.submission_exercise(write(nb, tmp_path / "90_demo.ipynb"), nb) == "90_demo"
+
+
+def test_code_outside_solution_cells_is_reported_with_the_task_it_belongs_to():
+    pristine = grader.load_pristine(PRISTINE / "90_demo.ipynb")
+    sub = submission({"90.1": ADD_OK}, edit_checks={"90.2": "print('PASSED 90.2')"})
+    solution_90_3 = find_tasks(pristine)["90.3"].solution_cell
+    sub.cells.insert(solution_90_3 + 1, nbformat.v4.new_code_cell(BLOCKS_OK))
+    sub.cells.append(nbformat.v4.new_code_cell("x = add(1, 2)"))
+    _, _, used = grader.splice_cells(pristine, sub)
+    notes = grader.ungraded_code(pristine, sub, used)
+    assert len(notes) == 3, notes
+    assert "check cell of task 90.2 is not graded" in notes[0]
+    assert f"cell {solution_90_3 + 1}: this code is not in a solution cell, so it was not graded; " \
+           "it belongs in the solution cell of task 90.3" == notes[1]
+    assert notes[2].endswith("it belongs in the solution cell of task 90.3")
 
 
 def test_score_needs_the_solution_cell_and_every_check():
     pristine = grader.load_pristine(PRISTINE / "90_demo.ipynb")
-    prepared, roles = grader.prepare_for_run(pristine)
+    cells, roles = grader.prepare_for_run(pristine)
     tasks = find_tasks(pristine)
     by_role = {v: k for k, v in roles.items()}
-    results = {n: {"cell": n, "outcome": "passed", "line": "", "detail": ""} for n in range(len(roles) + 2)}
+    results = {n: {"cell": n, "outcome": "passed", "line": "", "detail": ""} for n in range(len(cells))}
     results[by_role[("90.1", "solution")]] = {"outcome": "failed", "line": "SyntaxError: nope", "detail": "x"}
     last_check_of_90_3 = max(n for n, v in roles.items() if v == ("90.3", "check"))
     results[last_check_of_90_3] = {"outcome": "skipped", "line": "skipped", "detail": ""}
@@ -173,7 +223,7 @@ def test_score_needs_the_solution_cell_and_every_check():
         ("90.2", True, ""),
         ("90.3", False, "skipped"),
     ]
-    assert all("nbval-ignore-output" in c.metadata["tags"] for c in prepared.cells if c.cell_type == "code")
+    assert all(c["role"] in (None, "solution", "check") for c in cells)
 
 
 def test_invalid_json_is_a_clear_error_without_a_kernel(tmp_path, capsys):
@@ -195,7 +245,60 @@ def test_command_errors(tmp_path, capsys):
     nb = write(nbformat.v4.new_notebook(), tmp_path / "77_unknown.ipynb")
     assert cli.main(["grade", str(nb), "--pristine", str(PRISTINE)]) == 2
     assert "cannot grade" in capsys.readouterr().out
-    assert cli.main(["grade", str(nb), "--timeout", "0"]) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--timeout", "0"], "--timeout must be a finite number of seconds above 0"),
+    (["--timeout", "-3"], "--timeout must be a finite number"),
+    (["--timeout", "nan"], "--timeout must be a finite number"),
+    (["--timeout", "inf"], "--timeout must be a finite number"),
+    (["--course", "/nonexistent-course"], "--course /nonexistent-course: no exercises/ folder"),
+    (["--pristine", "/nonexistent-pristine"], "--pristine /nonexistent-pristine: no such file"),
+])
+def test_bad_options_are_one_line_and_exit_2(tmp_path, capsys, args, message):
+    nb = write(read_notebook(LEARNER), tmp_path / "90_demo.ipynb")
+    assert cli.main(["grade", str(nb), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+
+
+def test_an_unwritable_gradebook_is_refused_before_grading(tmp_path, capsys):
+    folder = tmp_path / "class"
+    write(read_notebook(LEARNER), folder / "ana" / "90_demo.ipynb")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for csv_path, message in [(blocker / "g.csv", "is not a folder"), (tmp_path, "is a folder")]:
+        start = time.monotonic()
+        assert cli.main(["grade", "--batch", str(folder), "--csv", str(csv_path), "--pristine", str(PRISTINE)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+        assert time.monotonic() - start < 5, "refused before any grading"
+
+
+@pytest.mark.parametrize("meta", ["/etc/passwd", "../../../etc/passwd", "../solutions/90_demo"])
+def test_a_hostile_exercise_name_is_one_line_not_a_traceback(tmp_path, capsys, meta):
+    nb = read_notebook(LEARNER)
+    nb.metadata["paged_kv"] = {"exercise": meta}
+    path = write(nb, tmp_path / "homework.ipynb")
+    assert cli.main(["grade", str(path), "--pristine", str(PRISTINE)]) == 2
+    out = capsys.readouterr().out
+    assert "not an exercise name" in out and "Traceback" not in out
+
+
+def test_gradebook_cells_are_escaped_and_double_submissions_flagged(tmp_path):
+    report = grader.GradeReport(submission=tmp_path / "x.ipynb", exercise="90_demo",
+                                tasks=[grader.TaskResult("90.1", 2, False, "=HYPERLINK(\"http://x\")")])
+    results = [batch.BatchResult(batch.Submission("@bob", "90_demo", tmp_path / "a" / "90_demo.ipynb"), report),
+               batch.BatchResult(batch.Submission("@bob", "90_demo", tmp_path / "@bob__90_demo.ipynb"), report),
+               batch.BatchResult(batch.Submission("+al", "90_demo", tmp_path / "-x.ipynb"), report)]
+    rows = batch.write_gradebook(results, tmp_path / "g.csv")
+    with open(tmp_path / "g.csv", newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert [r["learner"] for r in written] == ["'@bob", "'@bob", "'+al"]
+    assert all(r["failure"] == "'=HYPERLINK(\"http://x\")" for r in written)
+    assert written[0]["path"].endswith("90_demo.ipynb") and written[2]["path"].endswith("-x.ipynb")
+    assert [r["flag"] for r in written] == ["2 submissions of 90_demo by this learner"] * 2 + [""]
+    assert len(rows) == 3 and not list(tmp_path.glob(".g.csv.*"))
 
 
 def test_find_submissions_understands_both_layouts(tmp_path):
@@ -218,23 +321,25 @@ def test_find_submissions_understands_both_layouts(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_grade_restores_deleted_checks_matches_lost_metadata_and_needs_the_pass_line(tmp_path, capsys):
+def test_grade_restores_deleted_checks_matches_lost_metadata_and_ignores_the_kernels_output(tmp_path, capsys):
     sub = submission({"90.1": ADD_WRONG, "90.2": COUNTER_OK, "90.3": BLOCKS_MUTE},
                      drop_checks=("90.1",), drop_meta=("90.2",))
+    sub.cells.append(nbformat.v4.new_code_cell("print(add(2, 2))"))
     path = write(sub, tmp_path / "90_demo.ipynb")
     start = time.monotonic()
     # The committed learner version as the pristine copy: its points metadata reaches the table.
     code = cli.main(["grade", str(path), "--pristine", str(LEARNER), "--timeout", str(TIMEOUT)])
     out = capsys.readouterr().out
     assert code == 1, out
-    assert time.monotonic() - start < 120
+    assert time.monotonic() - start < 60
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("90.", "total"))}
-    assert rows["90.1"].split()[1:4] == ["0/2", "FAIL", "AssertionError:"] and "add(1, 2)" in rows["90.1"]
+    assert rows["90.1"].split()[1:4] == ["0/2", "FAIL", "add(1,"], rows
     assert rows["90.2"].split()[1:3] == ["1/1", "pass"]
-    assert "FAIL" in rows["90.3"] and "did not print 'PASSED 90.3'" in rows["90.3"]
-    assert rows["total"].split()[1] == "1/6"
+    assert rows["90.3"].split()[1:3] == ["3/3", "pass"], "a check passes on the judge's verdict, not on printed lines"
+    assert rows["total"].split()[1] == "4/6"
     assert "expected: 3" in out and "got:      -1" in out, "the check's full message is shown"
     assert "matched cell" in out
+    assert "not in a solution cell, so it was not graded; it belongs in the solution cell of task 90.3" in out
 
 
 @pytest.mark.slow
@@ -246,8 +351,8 @@ def test_a_crashed_kernel_fails_only_the_rest(tmp_path):
     assert time.monotonic() - start < 60, "a dead kernel is noticed without waiting for the cell timeout"
     assert not report.error
     assert [(t.task, t.passed) for t in report.tasks] == [("90.1", True), ("90.2", False), ("90.3", False)]
-    assert "kernel died while running this cell" in report.tasks[1].failure
-    assert "kernel died or was stopped in an earlier cell" in report.tasks[2].failure
+    assert "kernel died while running this" in report.tasks[1].failure
+    assert "kernel died in an earlier cell" in report.tasks[2].failure
 
 
 def _expected_rows() -> Dict[str, list]:
@@ -263,15 +368,13 @@ def _expected_rows() -> Dict[str, list]:
     invalid = "not a valid notebook: the file is not valid JSON (line 1, column 2: Expecting property name enclosed in double quotes)"
     return {
         "ana": rows("ana", [(True, "")] * 3),
-        "ben": rows("ben", [(False, "AssertionError: add(1, 2)"), (True, ""),
-                            (False, "AssertionError: blocks_needed(1, 4)")]),
-        "cat": rows("cat", [(False, NOT_IMPLEMENTED.format(task=t)) for t in points]),
+        "ben": rows("ben", [(False, "add(1, 2)"), (True, ""), (False, "blocks_needed(1, 4)")]),
+        "cat": rows("cat", [(False, f"task {t} is not written yet") for t in points]),
         "dan": rows("dan", [(False, invalid)] * 3),
         "eve": rows("eve", [
-            (False, f"timed out: the cell ran longer than {TIMEOUT} s (an endless loop?)"),
+            (False, f"timed out"),
             (True, ""),
-            (False, f"timed out: the cell ran longer than {TIMEOUT} s (an endless loop?); "
-                    "the kernel could not be interrupted, later cells cannot run"),
+            (False, "timed out"),
         ]),
     }
 
@@ -305,6 +408,7 @@ def test_batch_grades_a_class_into_exact_gradebook_rows(tmp_path, capsys):
         for row, want in zip(got, wanted):
             assert row[:6] == want[:6], (learner, row)
             assert row[6].startswith(want[6]), (learner, row[6], want[6])
+            assert Path(row[7]).name.endswith("90_demo.ipynb") and row[8] == ""
         assert len(got) == len(wanted), (learner, got)
     assert len(body) == 15
     summary = {line.split()[0]: line.split()[2] for line in out.splitlines() if line.split()[:1] in (["ana"], ["ben"], ["cat"], ["dan"], ["eve"])}

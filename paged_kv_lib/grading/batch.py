@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import csv
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .grader import DEFAULT_CELL_TIMEOUT_S, GradeReport, grade_notebook
 
-GRADEBOOK_COLUMNS = ("learner", "notebook", "task", "points", "passed", "earned", "failure")
+GRADEBOOK_COLUMNS = ("learner", "notebook", "task", "points", "passed", "earned", "failure", "path", "flag")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 SEPARATOR = "__"
 
 
@@ -73,13 +75,42 @@ def find_submissions(folder: Union[str, Path]) -> Tuple[List[Submission], List[s
 
 
 def grade_submission(
-    submission: Submission, pristine: Optional[Union[str, Path]], cell_timeout: float
+    submission: Submission,
+    pristine: Optional[Union[str, Path]],
+    cell_timeout: float,
+    course: Optional[Path] = None,
+    sandbox_mode: str = "auto",
+    hidden: Sequence[Path] = (),
+    pristines: Optional[Dict[str, Any]] = None,
 ) -> GradeReport:
     """Grade one submission; whatever goes wrong becomes that submission's report, never an exception."""
     try:
-        return grade_notebook(submission.path, pristine=pristine, cell_timeout=cell_timeout, exercise=submission.exercise)
+        loaded = (pristines or {}).get(submission.exercise)
+        return grade_notebook(submission.path, pristine=pristine, cell_timeout=cell_timeout,
+                              exercise=submission.exercise, course=course, sandbox_mode=sandbox_mode,
+                              hidden=hidden, pristine_nb=loaded)
     except Exception as exc:  # noqa: BLE001 - one broken submission must never stop the class's run
         return GradeReport(submission=submission.path, exercise=submission.exercise, error=f"grader failed: {exc}")
+
+
+def load_pristines(
+    submissions: Sequence[Submission], pristine: Optional[Union[str, Path]], course: Optional[Path]
+) -> Dict[str, Any]:
+    """Every exercise's pristine learner version, loaded once before any learner code runs, so that no
+    submission can change what the later ones are graded against."""
+    from .grader import InputError, PristineNotFoundError, _pristine_source, check_exercise_name, load_pristine
+    from .notebook_tasks import ExerciseSpecError, NotebookFormatError
+
+    loaded: Dict[str, Any] = {}
+    for sub in submissions:
+        if sub.exercise in loaded:
+            continue
+        try:
+            check_exercise_name(sub.exercise)
+            loaded[sub.exercise] = load_pristine(_pristine_source(sub.path, sub.exercise, pristine, course))
+        except (InputError, PristineNotFoundError, NotebookFormatError, ExerciseSpecError):
+            loaded[sub.exercise] = None  # graded one by one: the report says what is wrong
+    return loaded
 
 
 def grade_batch(
@@ -88,9 +119,21 @@ def grade_batch(
     cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
     jobs: Optional[int] = None,
     progress: bool = True,
+    course: Optional[Path] = None,
+    sandbox_mode: str = "auto",
+    hidden: Sequence[Path] = (),
 ) -> List[BatchResult]:
     """Grade submissions, ``jobs`` at a time (default: the number of cores), with a progress bar."""
     jobs = max(1, jobs or os.cpu_count() or 1)
+    if course is None and pristine is None and submissions:
+        try:
+            from .grader import find_course
+
+            course = find_course(None)
+        except FileNotFoundError:
+            course = None
+    pristines = load_pristines(submissions, pristine, course)
+    hide = list(hidden) + [s.path.resolve().parent for s in submissions]
     results: List[BatchResult] = []
     bar = None
     if progress:
@@ -98,7 +141,10 @@ def grade_batch(
 
         bar = tqdm(total=len(submissions), desc="grading", unit="notebook")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(grade_submission, s, pristine, cell_timeout): s for s in submissions}
+        futures = {
+            pool.submit(grade_submission, s, pristine, cell_timeout, course, sandbox_mode, hide, pristines): s
+            for s in submissions
+        }
         for future in as_completed(futures):
             results.append(BatchResult(futures[future], future.result()))
             if bar is not None:
@@ -109,35 +155,63 @@ def grade_batch(
     return results
 
 
+def escape_cell(value: Any) -> Any:
+    """A gradebook cell safe to open in a spreadsheet: text starting with = + - @ gets a leading quote."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def duplicates(results: Iterable[BatchResult]) -> Dict[Tuple[str, str], int]:
+    """(learner, exercise) pairs with more than one submission, and how many."""
+    counts: Dict[Tuple[str, str], int] = {}
+    for result in results:
+        key = (result.submission.learner, result.report.exercise or result.submission.exercise)
+        counts[key] = counts.get(key, 0) + 1
+    return {k: n for k, n in counts.items() if n > 1}
+
+
 def gradebook_rows(results: Iterable[BatchResult]) -> List[dict]:
-    """One row per learner, notebook and task; a submission with no tasks to show gets one row."""
+    """One row per learner, notebook and task; a submission with no tasks to show gets one row.
+    Learner-controlled text is escaped against spreadsheet formulas (:func:`escape_cell`)."""
+    results = list(results)
+    doubled = duplicates(results)
     rows = []
     for result in results:
         sub, report = result.submission, result.report
+        exercise = report.exercise or sub.exercise
+        count = doubled.get((sub.learner, exercise))
+        flag = f"{count} submissions of {exercise} by this learner" if count else ""
         if not report.tasks:
-            rows.append(dict(learner=sub.learner, notebook=sub.exercise, task="", points=0,
-                             passed=0, earned=0, failure=report.error or "no tasks"))
-            continue
+            rows.append(dict(learner=sub.learner, notebook=exercise, task="", points=0,
+                             passed=0, earned=0, failure=first_line(report.error) or "no tasks",
+                             path=str(sub.path), flag=flag))
         for task in report.tasks:
             failure = "" if task.passed else (task.failure or first_line(report.error))
             rows.append(dict(
-                learner=sub.learner, notebook=report.exercise or sub.exercise, task=task.task,
+                learner=sub.learner, notebook=exercise, task=task.task,
                 points=fmt_points(task.points), passed=int(task.passed),
-                earned=fmt_points(task.earned), failure=failure,
+                earned=fmt_points(task.earned), failure=failure, path=str(sub.path), flag=flag,
             ))
-    return rows
+    return [{k: escape_cell(v) for k, v in row.items()} for row in rows]
 
 
 def write_gradebook(results: Iterable[BatchResult], path: Union[str, Path]) -> List[dict]:
-    """Write the gradebook CSV (columns: :data:`GRADEBOOK_COLUMNS`); return its rows."""
+    """Write the gradebook CSV (columns: :data:`GRADEBOOK_COLUMNS`) atomically; return its rows."""
     rows = gradebook_rows(results)
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=GRADEBOOK_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile("w", newline="", encoding="utf-8", dir=path.parent,
+                                         prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            writer = csv.DictWriter(handle, fieldnames=GRADEBOOK_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
     return rows
 
 

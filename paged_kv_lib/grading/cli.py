@@ -11,6 +11,8 @@ matching exercise, bad arguments).
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List
@@ -56,14 +58,41 @@ def register(subparsers: Any) -> None:
             "them (default: the course's exercises/ folder, learner versions generated from solutions/)"
         ),
     )
+    parser.add_argument(
+        "--course", type=Path, metavar="DIR",
+        help="the course folder whose exercises/ to grade against (default: found above the notebook, "
+             "then above the current folder)",
+    )
+    parser.add_argument(
+        "--sandbox", choices=("auto", "bwrap", "none"), default="auto",
+        help="run the learner's code in a bubblewrap sandbox: auto (when available), bwrap (required), none",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (with --batch)")
     parser.set_defaults(func=run)
 
 
+def _input_error(args: argparse.Namespace) -> str:
+    """The first problem with the options, as one line ('' when there is none)."""
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        return f"--timeout must be a finite number of seconds above 0, not {args.timeout:g}"
+    if args.course is not None and not (args.course / "exercises").is_dir():
+        return f"--course {args.course}: no exercises/ folder in it"
+    if args.pristine is not None and not args.pristine.exists():
+        return f"--pristine {args.pristine}: no such file or folder"
+    if args.sandbox == "bwrap":
+        from .sandbox import bwrap_problem
+
+        problem = bwrap_problem()
+        if problem:
+            return f"--sandbox bwrap: {problem}"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``paged-kv grade``."""
-    if args.timeout <= 0:
-        print("error: --timeout must be positive", file=sys.stderr)
+    problem = _input_error(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.batch is not None:
         return _run_batch(args)
@@ -75,11 +104,29 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from .grader import grade_notebook
 
-    report = grade_notebook(args.notebook, pristine=args.pristine, cell_timeout=args.timeout)
+    report = grade_notebook(args.notebook, pristine=args.pristine, cell_timeout=args.timeout,
+                            course=args.course, sandbox_mode=args.sandbox)
     print(format_report(report))
     if report.error:
         return 2
     return 0 if report.ok else 1
+
+
+def csv_problem(path: Path) -> str:
+    """Why the gradebook cannot be written at ``path`` ('' when it can), checked before any grading."""
+    if path.is_dir():
+        return f"--csv {path}: is a folder"
+    folder = path.parent if str(path.parent) else Path(".")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"--csv {path}: {existing} is not a folder"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"--csv {path}: the file is not writable"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--csv {path}: cannot write in {existing}"
+    return ""
 
 
 def _run_batch(args: argparse.Namespace) -> int:
@@ -95,6 +142,10 @@ def _run_batch(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
+    problem = csv_problem(args.csv)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     from .batch import find_submissions, grade_batch, summary_table, write_gradebook
 
     submissions, warnings = find_submissions(args.batch)
@@ -105,7 +156,8 @@ def _run_batch(args: argparse.Namespace) -> int:
         return 2
     results = grade_batch(
         submissions, pristine=args.pristine, cell_timeout=args.timeout, jobs=args.jobs,
-        progress=not args.no_progress,
+        progress=not args.no_progress, course=args.course, sandbox_mode=args.sandbox,
+        hidden=[args.batch, args.csv.parent],
     )
     rows = write_gradebook(results, args.csv)
     print(summary_table(results))

@@ -1,15 +1,21 @@
-"""Grade one submitted exercise notebook: splice, run under nbval, score per task.
+"""Grade one submitted exercise notebook: splice, run the learner's cells, judge each check outside.
 
 Only the learner's *solution cells* count. They are spliced into a pristine learner
-version of the exercise (so deleted or edited check cells come back as they were), the
-result runs in a fresh kernel under ``pytest --nbval`` with a per-cell timeout in a
-temporary folder, and a small pytest plugin (:mod:`.nbval_report`) reports each cell.
-A task passes when its solution cell and every one of its check cells pass.
+version of the exercise (so deleted or edited check cells come back as they were). The
+judge (:mod:`.judge`, a process of its own) runs the spliced cells in the learner's
+kernel (:mod:`.runner`, inside a bubblewrap sandbox where the system has one) and runs
+each check cell's check function itself, with proxies for the learner's objects: the
+verdict never depends on what the learner's kernel prints or writes. A task passes when
+its solution cell ran and every one of its checks passed.
 
 Splicing matches cells by their ``paged_kv`` task metadata. When a learner lost that
 metadata (say, by pasting their code into a new cell), a code cell without task metadata
 is taken instead if it defines the same top-level functions or classes as the task's
-scaffold (ties broken by source similarity, then by position).
+scaffold (ties broken by source similarity, then by position). Code the grader does not
+run (outside solution cells) is named in the report's notes.
+
+The course is found from the notebook's own path (the nearest folder above it with
+``exercises/``), or given with ``--course``; exercise names must be ``NN_topic``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from nbformat import NotebookNode
 
+from . import sandbox
 from ._common import DEFAULT_CELL_TIMEOUT_S
 from .generate import make_learner_version
 from .notebook_tasks import (
@@ -47,10 +54,8 @@ from .notebook_tasks import (
 )
 
 KERNEL_STARTUP_TIMEOUT_S = 120.0
-COURSE_ROOT = Path(__file__).resolve().parents[2]
-_PLUGIN_SOURCE = Path(__file__).with_name("nbval_report.py")
+EXERCISE_NAME = re.compile(r"^\d{2}_[A-Za-z0-9][A-Za-z0-9_]*$")
 _NN_PREFIX = re.compile(r"^(\d{2})_")
-_NBVAL_IGNORE_OUTPUT = "nbval-ignore-output"
 
 
 class GradingError(RuntimeError):
@@ -59,6 +64,10 @@ class GradingError(RuntimeError):
 
 class PristineNotFoundError(FileNotFoundError):
     """No pristine exercise notebook matches a submission."""
+
+
+class InputError(ValueError):
+    """A bad input to the grader (an exercise name, an option): one line, exit status 2."""
 
 
 @dataclass
@@ -118,28 +127,59 @@ def load_pristine(path: Union[str, Path]) -> NotebookNode:
 
 
 def exercise_name(path: Path, nb: Optional[NotebookNode] = None) -> str:
-    """The exercise a notebook is: its ``NN_topic`` name, from the file name or the notebook's metadata."""
+    """The exercise a notebook is: its ``NN_topic`` name, from the notebook's metadata or the file name."""
     meta = (nb.metadata.get(META_KEY) if nb is not None else None) or {}
-    if isinstance(meta, dict) and isinstance(meta.get("exercise"), str):
+    if isinstance(meta, dict) and isinstance(meta.get("exercise"), str) and EXERCISE_NAME.match(meta["exercise"]):
         return meta["exercise"]
     return path.stem
+
+
+def check_exercise_name(name: str) -> str:
+    """``name`` when it is an exercise name ``NN_topic`` (letters, digits, underscores); else :class:`InputError`."""
+    if not isinstance(name, str) or not EXERCISE_NAME.match(name):
+        raise InputError(f"{name!r} is not an exercise name: expected NN_topic (two digits, an underscore, "
+                         "then letters, digits or underscores)")
+    return name
+
+
+def find_course(notebook: Optional[Path] = None, course: Optional[Path] = None) -> Path:
+    """The course folder: ``course`` when given, else the nearest folder above the notebook (then above
+    the current folder) that holds ``exercises/solutions/`` (or, in a released course, ``exercises/``)."""
+    if course is not None:
+        if not (course / "exercises").is_dir():
+            raise InputError(f"--course {course}: no exercises/ folder in it")
+        return course.resolve()
+    starts = ([notebook.resolve().parent] if notebook is not None else []) + [Path.cwd().resolve()]
+    for want in ("exercises/solutions", "exercises"):
+        for start in starts:
+            for folder in [start, *start.parents]:
+                if (folder / want).is_dir():
+                    return folder
+    where = f" above {notebook}" if notebook is not None else ""
+    raise PristineNotFoundError(
+        f"cannot find the course: no exercises/ folder{where} or above the current folder; "
+        "pass --course DIR (the course folder) or --pristine PATH"
+    )
 
 
 def find_pristine(name: str, search: Sequence[Path], submission: Optional[Path] = None) -> Path:
     """The file to take the pristine exercise ``name`` (``NN_topic``) from.
 
     Each folder in ``search`` is tried for ``solutions/NAME.ipynb``, then ``NAME.ipynb``,
-    then any ``NN_*.ipynb`` with the same number; the submission itself never counts
-    (in the course repository learners edit ``exercises/NN_topic.ipynb`` in place, so the
-    default search generates the pristine version from ``exercises/solutions/``).
+    then any ``NN_*.ipynb`` with the same number; a candidate must lie inside the folder
+    searched, and the submission itself never counts (in the course repository learners
+    edit ``exercises/NN_topic.ipynb`` in place, so the pristine version is generated from
+    ``exercises/solutions/``).
     """
-    match = _NN_PREFIX.match(name)
-    patterns = [f"{name}.ipynb"] + ([f"{match.group(1)}_*.ipynb"] if match else [])
+    check_exercise_name(name)
+    patterns = [f"{name}.ipynb", f"{name[:2]}_*.ipynb"]
     for pattern in patterns:
         for folder in search:
+            root = folder.resolve()
             for sub in (folder / "solutions", folder):
                 for candidate in sorted(sub.glob(pattern)):
-                    if candidate.is_file() and not _same_file(candidate, submission):
+                    inside = _inside(candidate, root)
+                    if inside and candidate.is_file() and not _same_file(candidate, submission):
                         return candidate
     places = ", ".join(str(p) for p in search) or "(nowhere)"
     raise PristineNotFoundError(
@@ -148,10 +188,17 @@ def find_pristine(name: str, search: Sequence[Path], submission: Optional[Path] 
     )
 
 
-def default_search() -> List[Path]:
-    """Where the installed course keeps its exercises (next to the package, in a source checkout)."""
-    folder = COURSE_ROOT / "exercises"
-    return [folder] if folder.is_dir() else []
+def default_search(notebook: Optional[Path] = None, course: Optional[Path] = None) -> List[Path]:
+    """Where the course keeps its exercises: found from the notebook's own path (or ``--course``)."""
+    return [find_course(notebook, course) / "exercises"]
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root)
+        return True
+    except (ValueError, OSError):
+        return False
 
 
 def _same_file(a: Path, b: Optional[Path]) -> bool:
@@ -182,6 +229,12 @@ def splice(pristine: NotebookNode, submission: NotebookNode) -> Tuple[NotebookNo
 
     Returns the spliced notebook and notes about how cells were matched (or not).
     """
+    result, notes, _ = splice_cells(pristine, submission)
+    return result, notes
+
+
+def splice_cells(pristine: NotebookNode, submission: NotebookNode) -> Tuple[NotebookNode, List[str], Dict[str, int]]:
+    """:func:`splice`, also returning which submission cell each task's solution came from."""
     result = copy.deepcopy(pristine)
     tasks = find_tasks(pristine)
     notes: List[str] = []
@@ -211,7 +264,7 @@ def splice(pristine: NotebookNode, submission: NotebookNode) -> Tuple[NotebookNo
     extra = sorted(set(t for t in by_task) - set(tasks))
     if extra:
         notes.append(f"ignored solution cells for tasks not in this exercise: {', '.join(extra)}")
-    return result, notes
+    return result, notes, by_task
 
 
 def _match_by_content(
@@ -244,94 +297,76 @@ def _match_by_content(
 # Running
 
 
-def prepare_for_run(nb: NotebookNode) -> Tuple[NotebookNode, Dict[int, Tuple[str, str]]]:
-    """A copy for grading and a map: nbval cell number -> (task, role).
-
-    Outputs are not compared (``nbval-ignore-output`` on every code cell): a check passes
-    on its ``PASSED`` line (see :mod:`.nbval_report`), so a learner's debugging prints do
-    not fail it. The pristine cells' own tags (``raises-exception``, ``nbval-skip``) stay.
-    """
-    nb = copy.deepcopy(nb)
+def prepare_for_run(nb: NotebookNode) -> Tuple[List[dict], Dict[int, Tuple[str, str]]]:
+    """The code cells to run, as the judge takes them, and a map: code-cell number -> (task, role)."""
+    cells: List[dict] = []
     roles: Dict[int, Tuple[str, str]] = {}
-    code_index = 0
     for cell in nb.cells:
         if cell.get("cell_type") != "code":
             continue
-        tags = list(cell.metadata.get("tags", []))
-        if _NBVAL_IGNORE_OUTPUT not in tags:
-            tags.append(_NBVAL_IGNORE_OUTPUT)
-        cell.metadata["tags"] = tags
         found = cell_task(cell)
         if found is not None:
-            roles[code_index] = found
-        code_index += 1
-    return nb, roles
+            roles[len(cells)] = found
+        cells.append({
+            "source": cell.get("source", ""), "tags": list(cell.get("metadata", {}).get("tags", [])),
+            "task": found[0] if found else None, "role": found[1] if found else None,
+        })
+    return cells, roles
 
 
-def run_nbval(
-    nb: NotebookNode, workdir: Path, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S, name: str = "submission.ipynb"
-) -> Dict[int, dict]:
-    """Run a notebook under ``pytest --nbval`` in ``workdir``; return per-cell results by nbval cell number."""
+def run_judge(
+    cells: List[dict],
+    workdir: Path,
+    cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
+    sandbox_mode: str = "auto",
+    hidden: Sequence[Path] = (),
+) -> Tuple[Dict[int, dict], str]:
+    """Run the judge (:mod:`.judge`) in its own process; per-cell results by code-cell number, and
+    the sandbox note ('' when isolated)."""
+    resolved = sandbox.resolve_mode(sandbox_mode)
+    note = "" if resolved == "bwrap" else sandbox.NOT_ISOLATED.format(
+        reason="--sandbox none" if sandbox_mode == "none" else sandbox.bwrap_problem())
     workdir.mkdir(parents=True, exist_ok=True)
-    notebook = workdir / name
-    notebook.write_text(notebook_to_text(nb), encoding="utf-8")
-    (workdir / "conftest.py").write_text(_PLUGIN_SOURCE.read_text(encoding="utf-8"), encoding="utf-8")
-    (workdir / "pytest.ini").write_text("[pytest]\naddopts =\n", encoding="utf-8")
-    report = workdir / "report.json"
-    command = [
-        sys.executable, "-m", "pytest", str(notebook), "-q", "-rN", "--color=no",
-        "-c", str(workdir / "pytest.ini"), "--rootdir", str(workdir),
-        "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:timeout",
-        "--nbval", "--nbval-current-env", f"--nbval-cell-timeout={cell_timeout:g}",
-        f"--nbval-kernel-startup-timeout={KERNEL_STARTUP_TIMEOUT_S:g}",
-        f"--paged-kv-report={report}",
-    ]
-    n_code = sum(1 for c in nb.cells if c.get("cell_type") == "code")
-    budget = KERNEL_STARTUP_TIMEOUT_S + 30 + n_code * (cell_timeout + 10)
+    job = {
+        "cells": cells, "timeout": cell_timeout, "workdir": str(workdir), "resolved_mode": resolved,
+        "hidden": [str(h) for h in hidden],
+        "cpu_seconds": int(KERNEL_STARTUP_TIMEOUT_S + len(cells) * (cell_timeout + 5)),
+    }
+    budget = KERNEL_STARTUP_TIMEOUT_S + 30 + len(cells) * (cell_timeout + 15)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     if env.get("PYTHONPATH"):  # the kernel runs in workdir: relative entries would point elsewhere
         env["PYTHONPATH"] = os.pathsep.join(
             str(Path(entry).resolve()) for entry in env["PYTHONPATH"].split(os.pathsep) if entry
         )
     process = subprocess.Popen(
-        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        [sys.executable, "-m", "paged_kv_lib.grading.judge"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True, env=env, cwd=str(workdir.parent),
     )
     try:
-        output, _ = process.communicate(timeout=budget)
-        killed = False
+        output, errors = process.communicate(json.dumps(job), timeout=budget)
     except subprocess.TimeoutExpired:
         _kill_group(process)
-        output, _ = process.communicate()
-        killed = True
+        output, errors = process.communicate()
+        raise GradingError(f"grading stopped after {budget:g} s") from None
+    finally:
+        _kill_group(process)
     try:
-        data = json.loads(report.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = None
-    if data is None or (not data.get("cells") and process.returncode not in (0, 1)):
-        tail = "\n".join((output or "").strip().splitlines()[-15:])
-        raise GradingError(f"pytest --nbval did not run the notebook (exit {process.returncode}):\n{tail}")
-    if data.get("collect_errors") and not data.get("cells"):
-        raise GradingError("nbval could not collect the notebook:\n" + "\n".join(data["collect_errors"]))
-    results = {int(entry["cell"]): entry for entry in data["cells"]}
-    if killed:
-        for number in range(n_code):
-            results.setdefault(number, {
-                "cell": number, "outcome": "failed", "kind": "killed",
-                "line": f"not run: grading stopped after {budget:g} s", "detail": "",
-            })
-    return results
+        data = json.loads(output)
+        results = {int(entry["index"]): entry for entry in data["results"]}
+    except (ValueError, KeyError, TypeError):
+        tail = "\n".join((errors or "").strip().splitlines()[-15:])
+        raise GradingError(f"the judge failed (exit {process.returncode}):\n{tail}") from None
+    if data.get("error"):
+        raise GradingError(str(data["error"]))
+    return results, note
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    """Kill pytest and whatever it started in its session (POSIX); just pytest elsewhere."""
-    killpg = getattr(os, "killpg", None)
+    """Kill the judge and whatever it started in its session (the sandbox dies with it)."""
     try:
-        if killpg is None:
-            raise ProcessLookupError
-        killpg(process.pid, signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        process.kill()
+        pass
 
 
 def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Dict[int, dict]) -> List[TaskResult]:
@@ -360,18 +395,89 @@ def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Di
     return out
 
 
+def ungraded_code(pristine: NotebookNode, submission: NotebookNode, used: Dict[str, int]) -> List[str]:
+    """Notes on the submission's code that the grader does not run: code in cells that are not solution
+    cells (and edits of check cells), each naming the cell and the task whose solution cell it belongs in."""
+    tasks = find_tasks(pristine)
+    if not tasks:
+        return []
+    pristine_sources = {cell.get("source", "").strip() for cell in pristine.cells}
+    scaffold_names = {
+        t.task: _defined_names(pristine.cells[t.solution_cell].get("source", "")) for t in tasks.values()
+    }
+    taken = set(used.values())
+    notes: List[str] = []
+    current = next(iter(tasks))
+    for index, cell in enumerate(submission.cells):
+        found = cell_task(cell)
+        if found is not None and found[0] in tasks:
+            current = found[0]
+        if cell.get("cell_type") != "code" or index in taken:
+            continue
+        source = cell.get("source", "").strip()
+        if found is not None and found[1] == ROLE_SOLUTION:
+            continue
+        if not source or source in pristine_sources:
+            continue
+        if found is not None and found[1] == ROLE_CHECK:
+            notes.append(f"cell {index}: your edit of a check cell of task {found[0]} is not graded "
+                         "(the grader runs the checks as they were written)")
+            continue
+        names = _defined_names(source)
+        owner = next((t for t, wanted in scaffold_names.items() if wanted & names), current)
+        notes.append(f"cell {index}: this code is not in a solution cell, so it was not graded; "
+                     f"it belongs in the solution cell of task {owner}")
+    return notes
+
+
+def submission_exercise(submission: Path, sub_nb: Optional[NotebookNode], exercise: Optional[str] = None) -> str:
+    """The exercise a submission is graded as; refuses names that are not ``NN_topic`` and a notebook
+    of another exercise saved under this one's name (:class:`InputError`)."""
+    name = exercise or submission.stem.split("__", 1)[-1]
+    if not EXERCISE_NAME.match(name) and sub_nb is not None and exercise is None:
+        name = exercise_name(submission, sub_nb)
+    check_exercise_name(name)
+    if sub_nb is not None:
+        meta = sub_nb.metadata.get(META_KEY)
+        claimed = meta.get("exercise") if isinstance(meta, dict) else None
+        numbers = sorted({task.split(".")[0] for task in find_tasks_lenient(sub_nb)})
+        if isinstance(claimed, str) and EXERCISE_NAME.match(claimed) and claimed != name:
+            raise InputError(f"{submission} is a notebook of exercise {claimed}, saved under the name {name}; "
+                             f"grade it as {claimed}")
+        if numbers and numbers != [name[:2]]:
+            raise InputError(f"{submission} holds tasks of exercise {', '.join(numbers)}, saved under the name "
+                             f"{name}; grade it under its own exercise's name")
+    return name
+
+
+def find_tasks_lenient(nb: NotebookNode) -> List[str]:
+    """Task ids named by a notebook's metadata, without validating the notebook."""
+    out = []
+    for cell in nb.cells:
+        found = cell_task(cell)
+        if found is not None:
+            out.append(found[0])
+    return out
+
+
 def grade_notebook(
     submission: Union[str, Path],
     pristine: Optional[Union[str, Path]] = None,
     cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
     workdir: Optional[Union[str, Path]] = None,
     exercise: Optional[str] = None,
+    course: Optional[Union[str, Path]] = None,
+    sandbox_mode: str = "auto",
+    hidden: Sequence[Path] = (),
+    pristine_nb: Optional[NotebookNode] = None,
 ) -> GradeReport:
     """Grade one submission; never raises for the learner's mistakes (they end up in the report).
 
     ``pristine`` is a notebook (learner version or solution) or a folder to search; by
-    default the course's ``exercises/`` folder next to the installed package is used.
+    default the ``exercises/`` folder of the course the notebook sits in (or ``course``).
     ``exercise`` names the exercise (``NN_topic``) when the file name does not.
+    ``pristine_nb``, when given, is the already loaded pristine learner version (batch
+    grading loads each exercise once, before any learner code runs).
     """
     submission = Path(submission)
     report = GradeReport(submission=submission, exercise=exercise or submission.stem)
@@ -380,32 +486,45 @@ def grade_notebook(
         load_error = ""
     except NotebookFormatError as exc:
         sub_nb, load_error = None, str(exc)
+    search_hidden: List[Path] = []
     try:
-        source = _pristine_source(submission, sub_nb, pristine, exercise)
-        pristine_nb = load_pristine(source)
-    except (PristineNotFoundError, NotebookFormatError, ExerciseSpecError) as exc:
+        name = submission_exercise(submission, sub_nb, exercise)
+        report.exercise = name
+        if pristine_nb is None:
+            source = _pristine_source(submission, name, pristine, course)
+            pristine_nb = load_pristine(source)
+            search_hidden = [source.parent, source.parent / "solutions"]
+    except (PristineNotFoundError, NotebookFormatError, ExerciseSpecError, InputError) as exc:
         report.error = load_error or f"cannot grade: {exc}"
         return report
-    report.exercise = exercise_name(source, pristine_nb)
     tasks = find_tasks(pristine_nb)
     if sub_nb is None:
         report.error = load_error
         reason = load_error.split(": ", 1)[1] if load_error.startswith(f"{submission}: ") else load_error
         report.tasks = [TaskResult(t.task, t.points, False, reason) for t in tasks.values()]
         return report
-    spliced, report.notes = splice(pristine_nb, sub_nb)
-    prepared, roles = prepare_for_run(spliced)
+    spliced, report.notes, used = splice_cells(pristine_nb, sub_nb)
+    report.notes.extend(ungraded_code(pristine_nb, sub_nb, used))
+    cells, roles = prepare_for_run(spliced)
+    hide = [*hidden, *search_hidden, submission.resolve().parent]
+    try:
+        if course is not None or pristine is None:
+            hide.append(find_course(submission, Path(course) if course else None) / "exercises")
+    except (PristineNotFoundError, InputError):
+        pass
     try:
         if workdir is not None:
-            results = run_nbval(prepared, Path(workdir), cell_timeout, name=f"{report.exercise}.ipynb")
+            results, isolation = run_judge(cells, Path(workdir), cell_timeout, sandbox_mode, hide)
         else:
             with tempfile.TemporaryDirectory(prefix="paged-kv-grade-") as tmp:
-                results = run_nbval(prepared, Path(tmp), cell_timeout, name=f"{report.exercise}.ipynb")
-    except GradingError as exc:
+                results, isolation = run_judge(cells, Path(tmp) / "work", cell_timeout, sandbox_mode, hide)
+    except (GradingError, sandbox.SandboxUnavailableError) as exc:
         report.error = str(exc)
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else "the grader failed"
         report.tasks = [TaskResult(t.task, t.points, False, f"not graded: {line}") for t in tasks.values()]
         return report
+    if isolation:
+        report.notes.insert(0, isolation)
     report.tasks = score(roles, tasks, results)
     other = [
         f"cell {n} (not a task) failed: {entry.get('line', '')}"
@@ -416,32 +535,12 @@ def grade_notebook(
 
 
 def _pristine_source(
-    submission: Path,
-    sub_nb: Optional[NotebookNode],
-    pristine: Optional[Union[str, Path]],
-    exercise: Optional[str] = None,
+    submission: Path, name: str, pristine: Optional[Union[str, Path]], course: Optional[Union[str, Path]] = None
 ) -> Path:
     if pristine is not None and Path(pristine).is_file():
         return Path(pristine)
-    search = [Path(pristine)] if pristine is not None else default_search()
     if pristine is not None and not Path(pristine).exists():
         raise PristineNotFoundError(f"--pristine {pristine}: no such file or folder")
-    names = [submission.stem]
-    meta_name = exercise_name(submission, sub_nb) if sub_nb is not None else submission.stem
-    if meta_name not in names:
-        names.insert(0, meta_name)
-    if "__" in submission.stem:
-        names.append(submission.stem.split("__", 1)[1])
-    if exercise:
-        names.insert(0, exercise)
-    if sub_nb is not None:
-        numbers = sorted({task.split(".")[0] for task in find_tasks(sub_nb)})
-        names.extend(f"{number}_" for number in numbers if re.fullmatch(r"\d{2}", number))
-    error: Optional[PristineNotFoundError] = None
-    for name in names:
-        try:
-            return find_pristine(name, search, submission)
-        except PristineNotFoundError as exc:
-            error = error or exc
-    assert error is not None
-    raise error
+    search = [Path(pristine)] if pristine is not None else default_search(
+        submission, Path(course) if course is not None else None)
+    return find_pristine(name, search, submission)
