@@ -5,9 +5,9 @@ methods to the class of the earlier ones. A learner whose earlier class is unfin
 can inherit from these instead:
 
 * :class:`StarterAllocator`: the part exercises 02 and 03 build (allocation, freeing,
-  the mapping, the free count), the base of exercise 05;
+  the mapping, the free count, ``fork``), the base of exercise 05;
 * :class:`GrowingStarterAllocator`: plus exercise 05's growth (``append_tokens`` without
-  sharing), the base of exercise 06.
+  copy-on-write), the base of exercise 06.
 
 Their state is plain and public, so a subclass can use it: ``free`` (a deque of free
 block ids, head handed out first), ``ref_counts`` (block id -> number of tables holding
@@ -26,7 +26,7 @@ __all__ = ["GrowingStarterAllocator", "StarterAllocator"]
 
 
 class StarterAllocator:
-    """Bookkeeping-only block allocator: exercises 02-03's part of the contract (no growth, no fork)."""
+    """Bookkeeping-only block allocator: exercises 02-03's part of the contract (everything but growth)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = as_count(num_blocks, "num_blocks", minimum=1)
@@ -80,7 +80,16 @@ class StarterAllocator:
         raise NotImplementedError("Task 05.2: append_tokens is what exercise 05 adds; write it in your subclass")
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
-        raise NotImplementedError("Task 06.1: fork is what exercise 06 adds; write it in your subclass")
+        """Give the child the parent's blocks; each gains a holder (nothing is copied)."""
+        if parent_seq_id not in self.tables:
+            raise UnknownSequenceError(f"sequence {parent_seq_id!r} is not allocated")
+        child_seq_id = as_seq_id(child_seq_id)
+        if child_seq_id in self.tables:
+            raise DuplicateSequenceError(f"sequence {child_seq_id} is already allocated")
+        self.tables[child_seq_id] = list(self.tables[parent_seq_id])
+        self.lengths[child_seq_id] = self.lengths[parent_seq_id]
+        for block_id in self.tables[child_seq_id]:
+            self.ref_counts[block_id] += 1
 
 
 class GrowingStarterAllocator(StarterAllocator):

@@ -123,13 +123,22 @@ class AllocatorSteps:
                             "a block taken before a token needs it sits empty")
                 return (f"growing {length} tokens by {grown} needs {len(want)} blocks of {bs} in all: "
                         "some new token has no slot")
-            copied = old_table and want[len(old_table) - 1] != old_table[-1]
-            if copied and got[len(old_table) - 1] == old_table[-1]:
+            last = len(old_table) - 1
+            copied = old_table and want[last] != old_table[-1]
+            learner_copied = old_table and got[last] != old_table[-1]
+            if copied and not learner_copied:
                 return (f"no copy-on-write: block {old_table[-1]} is shared and not full, so the new token "
                         "would be written into a block other sequences read")
-            if not copied and old_table and got[len(old_table) - 1] != old_table[-1]:
-                return (f"block {old_table[-1]} did not need a copy: it was full, or this sequence "
-                        "was its only holder (then it writes in place)")
+            if copied and learner_copied:
+                return ("the copy-on-write block is taken from the free queue first, before any new block, "
+                        "and it takes the old block's place in the mapping")
+            if learner_copied and length % bs == 0:
+                return (f"block {old_table[-1]} is full: the new token starts a new block, so nothing "
+                        "needs a copy")
+            if learner_copied:
+                return (f"block {old_table[-1]} has no other holder now (the others copied it away or were "
+                        "freed), so this sequence writes in place; a copy here means a count is too high: "
+                        "a copy-on-write that keeps the old reference, or a free that drops none")
         if len(got) == len(want):
             return ("same number of blocks, different ids: blocks are handed out from the head of the free queue, "
                     "and freed blocks join its tail, last logical block first")

@@ -1,98 +1,112 @@
-"""Checks of exercise 06, sharing: copy-on-write, salted chained keys, prefix lookup, free order.
+"""Checks of exercise 06, sharing: your allocator's copy-on-write (and fork), the salted chained
+block key, the keys of a prompt, the longest cached prefix, and O(1) removal from the free queue.
 
-Each check drives a real ``PagedKVCacheAllocator`` through a scenario and compares the
-learner's function, step by step, with what the allocator did from the same state.
+Every expected value comes from the library (``PagedKVCacheAllocator``, ``block_key``,
+``chain_keys``, ``FreeBlockQueue``) run on the same inputs; hints name the likely mistake.
 """
 
 from __future__ import annotations
 
 import random
-from collections import deque
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from ..allocator import PagedKVCacheAllocator
+from ..free_queue import NOT_QUEUED, FreeBlockQueue
 from ..prefix_cache import block_key, chain_keys
-from ._common import call_learner, expect_equal, fail, passed
-
+from ._allocator_steps import NAME, allocator_steps
+from ._common import call_learner, expect_equal, expect_raises, fail, passed
+from .checks_05 import _random_scenarios, serve_through_engine
 
 # --------------------------------------------------------------------------- 06.1
-def _state_of(alloc: PagedKVCacheAllocator) -> Dict[str, Any]:
-    """The exercise's plain-data model of an allocator (no prefix caching, nothing swapped)."""
-    return {
-        "block_size": alloc.block_size,
-        "tables": {s: list(t.block_ids) for s, t in alloc.sequence_block_tables.items()},
-        "lengths": {s: alloc.get_num_tokens(s) for s in alloc.seq_ids},
-        "ref_counts": [b.ref_count for b in alloc.blocks],
-        "free": deque(alloc.free_blocks),
-    }
+_NO_COPY = ("no copy-on-write: the new token lands in a shared block that is not full, so the writer "
+            "must first get a private copy of it (the other holders keep reading the original)")
+_NEEDLESS_COPY = ("a full shared block needs no copy (the new token starts a new block), and a block "
+                  "whose only holder writes needs none either")
+_KEEPS_REFERENCE = ("a copy-on-write that keeps the old reference: after the copy the writer no longer holds "
+                    "the block it replaced, so that block must lose one holder (or it never returns to the "
+                    "free queue)")
+_FORK_COUNTS = ("fork adds a holder to every block the child shares: freeing the parent must leave the "
+                "child's blocks allocated, and only the last holder's free returns a block")
 
 
-def _show(state: Dict[str, Any]) -> str:
-    used = {i: c for i, c in enumerate(state["ref_counts"]) if c}
-    return (f"block_size={state['block_size']}, tables={state['tables']}, lengths={state['lengths']}, "
-            f"ref_counts(nonzero)={used}, free={list(state['free'])}")
+def _sharing_scenarios(cls: Any) -> None:
+    # Fork first: the child's blocks stay allocated while it holds them.
+    run = allocator_steps(cls, 6, 2)
+    run.step("allocate_for_sequence", 0, 5)
+    run.step("fork", 0, 1, hint="the child gets the parent's mapping: the same blocks, nothing new taken")
+    run.step("free_sequence", 0, hint=_FORK_COUNTS)
+    run.step("allocate_for_sequence", 2, 3, hint=_FORK_COUNTS)
+    run.step("free_sequence", 1, hint=_FORK_COUNTS)
+    # Three samples of a prompt that ends mid-block: two copies, then the last holder writes in place.
+    run = allocator_steps(cls, 12, 4)
+    run.step("allocate_for_sequence", 0, 6)
+    run.step("fork", 0, 1, hint="the child gets the parent's mapping: the same blocks, nothing new taken")
+    run.step("fork", 0, 2)
+    run.step("append_tokens", 1, 1, hint=_NO_COPY)
+    run.step("append_tokens", 2, 1, hint=_NO_COPY)
+    run.step("append_tokens", 0, 1, hint=_NEEDLESS_COPY)
+    run.step("append_tokens", 1, 2)
+    run.step("free_sequence", 1, hint=_KEEPS_REFERENCE)
+    run.step("free_sequence", 2, hint=_KEEPS_REFERENCE)
+    run.step("free_sequence", 0, hint=_KEEPS_REFERENCE)
+    # A shared block that is full: the next token starts a new block, no copy.
+    run = allocator_steps(cls, 8, 4)
+    run.step("allocate_for_sequence", 0, 8)
+    run.step("fork", 0, 1)
+    run.step("append_tokens", 1, 1, hint=_NEEDLESS_COPY)
+    run.step("free_sequence", 0, hint=_FORK_COUNTS)
+    run.step("free_sequence", 1, hint=_FORK_COUNTS)
+    # A chunk into a shared partial block: the copy first, then the new blocks.
+    run = allocator_steps(cls, 10, 3)
+    run.step("allocate_for_sequence", 0, 4)
+    run.step("fork", 0, 1)
+    run.step("append_tokens", 1, 6, hint=_NO_COPY + "; the copy is taken (and returned) before the new blocks")
+    run.step("fork", 1, 2)
+    run.step("free_sequence", 1, hint=_FORK_COUNTS)
+    run.step("append_tokens", 2, 1, hint=_NO_COPY)
+    run.step("append_tokens", 0, 1, hint=_NEEDLESS_COPY)
+    # Empty sequences, errors, and a copy that does not fit.
+    run = allocator_steps(cls, 3, 4)
+    run.step("allocate_for_sequence", 0, 0)
+    run.step("fork", 0, 1)
+    run.step("append_tokens", 1, 1, hint="a sequence with no block takes a new one: there is nothing to copy")
+    run.step("fork", 7, 3, hint="forking an unknown parent raises ValueError")
+    run.step("fork", 0, 1, hint="forking into an id that exists raises ValueError")
+    run.step("allocate_for_sequence", 2, 7)
+    run.step("fork", 1, 3)
+    run.step("append_tokens", 3, 1, hint="the copy needs a free block and there is none: RuntimeError, nothing changed")
+    run.step("free_sequence", 1)
+    run.step("append_tokens", 3, 1, hint=_NEEDLESS_COPY)
 
 
-_COW_HINT = (
-    "append one token at position lengths[seq_id]: a new block from the head of the free queue when "
-    "that position starts a block (no copy needed, even if the last block is shared); otherwise, if the "
-    "last block's ref count is above 1, copy it: take a free block, give it ref count 1, drop one "
-    "reference from the old block, put the new block in the table; return (old, new), else None"
-)
-
-
-def _check_one_append(cow_append: Callable, alloc: PagedKVCacheAllocator, seq_id: int) -> None:
-    state = _state_of(alloc)
-    before = _show(state)
-    copies_before = len(alloc.copy_log)
-    alloc.append_tokens(seq_id, 1)
-    new_copies = list(alloc.copy_log)[copies_before:]
-    want_return = new_copies[0] if new_copies else None
-    want = _state_of(alloc)
-    call = f"cow_append(state, seq_id={seq_id}) with state: {before}"
-    got = call_learner(cow_append, (state, seq_id), call, want_return)
-    if got is not None:
-        got = tuple(got) if isinstance(got, (list, tuple)) else got
-    expect_equal(call + "  -> return value", want_return, got, _COW_HINT)
-    for key in ("tables", "lengths", "ref_counts"):
-        expect_equal(call + f"  -> state[{key!r}] afterwards", want[key], state[key], _COW_HINT)
-    expect_equal(call + "  -> list(state['free']) afterwards", list(want["free"]), list(state["free"]),
-                 "take blocks from the head of the free queue (popleft)")
-
-
-def check_cow_append(cow_append: Callable[[Dict[str, Any], int], Optional[Tuple[int, int]]]) -> None:
-    """Task 06.1: ``cow_append(state, seq_id)`` appends one token with copy-on-write."""
-    # Hand-made cases first: their messages are the easiest to read.
-    alloc = PagedKVCacheAllocator(8, 4, 1, 1, allocate_cache=False)
-    alloc.allocate_for_sequence(0, 6)
-    alloc.fork(0, 1)
-    alloc.fork(0, 2)
-    for seq_id in (1, 2, 0, 1):  # copy, copy, sole holder writes in place, then plain growth
-        _check_one_append(cow_append, alloc, seq_id)
-    alloc = PagedKVCacheAllocator(8, 4, 1, 1, allocate_cache=False)
-    alloc.allocate_for_sequence(0, 8)  # the shared last block is full: a new block, no copy
-    alloc.fork(0, 1)
-    _check_one_append(cow_append, alloc, 1)
-    alloc.allocate_for_sequence(2, 0)  # an empty sequence: its first token needs a block
-    _check_one_append(cow_append, alloc, 2)
-    # Random scenarios mixing allocations, forks and appends.
-    for seed, block_size in ((1, 4), (2, 2), (3, 1), (4, 3)):
-        rng = random.Random(seed)
-        alloc = PagedKVCacheAllocator(40, block_size, 1, 1, allocate_cache=False)
-        next_id = 0
-        for _ in range(70):
-            roll = rng.random()
-            if not alloc.seq_ids or (roll < 0.15 and alloc.num_free_blocks > 6):
-                alloc.allocate_for_sequence(next_id, rng.randrange(0, 3 * block_size + 1))
-                next_id += 1
-            elif roll < 0.3 and len(alloc.seq_ids) < 8:
-                alloc.fork(rng.choice(alloc.seq_ids), next_id)
-                next_id += 1
-            elif alloc.num_free_blocks >= 2:
-                _check_one_append(cow_append, alloc, rng.choice(alloc.seq_ids))
-            else:
-                alloc.free_sequence(rng.choice(alloc.seq_ids))
+def check_sharing_allocator(cls: Any) -> None:
+    """Task 06.1: ``MyAllocator`` copies a shared block on write (and forks) like the library's allocator."""
+    _sharing_scenarios(cls)
+    _random_scenarios(cls, [11, 12, 13, 14, 15], forks=True)
     passed("06.1")
+
+
+def check_allocator_conforms(cls: Any) -> None:
+    """Task 06.1 (second check): the library's differential test, ``conformance.check_allocator``."""
+    from ..conformance.differential import PARTS, check_allocator
+
+    try:
+        check_allocator(cls, max_examples=100, ops=PARTS["06"], name=NAME)
+    except NotImplementedError as exc:
+        call_learner(_raise, (exc,), "check_allocator(MyAllocator)", "no difference")
+    except AssertionError as exc:
+        raise fail(f"check_allocator({NAME})", "no difference from the library's allocator",
+                   str(exc), "run the calls above on your class and read what differs") from None
+    passed("06.1")
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def check_serves_forked_samples(cls: Any) -> None:
+    """Task 06.1 (third check): forked samples (n=2) served through ``engine_for``, token for token."""
+    serve_through_engine(cls, "06.1", n=2)
 
 
 # --------------------------------------------------------------------------- 06.2
@@ -142,7 +156,10 @@ def check_salted_chain_keys(salted_chain_keys: Callable[[List[int], int, Optiona
             if w != g:
                 hint = "key i is block_key(key i-1, tokens of block i, extra_key), key 0's parent is None"
                 if i and g == block_key(None, tokens[i * bs:(i + 1) * bs], salt):
-                    hint = "each key must chain on the previous block's key: " + hint
+                    hint = ("an unchained hash: key i was computed from block i's tokens alone, so the same "
+                            "tokens after different prefixes would share K/V; " + hint)
+                elif i and salt and g == block_key(want[i - 1], tokens[i * bs:(i + 1) * bs]):
+                    hint = "the extra key must go into every block's key, not only the first: " + hint
                 raise fail(call + f"[{i}]", w.hex(), g.hex(), hint)
     passed("06.3")
 
@@ -197,46 +214,102 @@ def check_longest_cached_prefix(longest_cached_prefix: Callable[[List[bytes], Di
 
 
 # --------------------------------------------------------------------------- 06.5
-def _check_one_free(free_in_order: Callable, alloc: PagedKVCacheAllocator, seq_id: int) -> None:
-    table = alloc.get_block_mapping(seq_id)
-    ref_counts = [b.ref_count for b in alloc.blocks]
-    queue = deque(alloc.free_blocks)
-    shown = (f"free_in_order(table={table}, ref_counts(nonzero)="
-             f"{ {i: c for i, c in enumerate(ref_counts) if c} }, free_queue={list(queue)})")
-    alloc.free_sequence(seq_id)
-    want_queue = list(alloc.free_blocks)
-    want_counts = [b.ref_count for b in alloc.blocks]
-    result = call_learner(free_in_order, (list(table), ref_counts, queue), shown, want_queue)
-    if result is not None:
-        raise fail(shown + "  -> return value", None, result, "change ref_counts and free_queue in place, return None")
-    expect_equal(shown + "  -> ref_counts afterwards", want_counts, ref_counts,
-                 "drop exactly one reference from each block of the table")
-    expect_equal(shown + "  -> list(free_queue) afterwards", want_queue, list(queue),
-                 "append to the tail only the blocks whose count reached 0, last logical block first "
-                 "(reversed table order), so a sequence's tail blocks are reused (evicted) before its head")
+class CountingList(list):
+    """A list that counts how many of its entries a function reads (to tell O(1) from a walk)."""
+
+    def __init__(self, values: List[int]) -> None:
+        super().__init__(values)
+        self.reads = 0
+
+    def __getitem__(self, index):  # type: ignore[override]
+        self.reads += 1 if isinstance(index, int) else len(self)
+        return super().__getitem__(index)
+
+    def __iter__(self):  # type: ignore[override]
+        self.reads += len(self)
+        return super().__iter__()
+
+    def __contains__(self, value: object) -> bool:
+        self.reads += len(self)
+        return super().__contains__(value)
+
+    def index(self, *args: Any) -> int:  # type: ignore[override]
+        self.reads += len(self)
+        return super().index(*args)
+
+    def count(self, value: Any) -> int:
+        self.reads += len(self)
+        return super().count(value)
+
+    def copy(self) -> List[int]:  # type: ignore[override]
+        self.reads += len(self)
+        return list(super().__iter__())
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (_counting_list, (list(super().__iter__()), self.reads))
 
 
-def check_free_in_order(free_in_order: Callable[[List[int], List[int], deque], None]) -> None:
-    """Task 06.5: ``free_in_order(table, ref_counts, free_queue)`` frees a sequence tail first."""
-    for seed, bs in ((0, 4), (1, 2), (2, 1), (3, 4)):
-        rng = random.Random(seed)
-        alloc = PagedKVCacheAllocator(48, bs, 1, 1, allocate_cache=False)
-        shared = [rng.randrange(50) for _ in range(3 * bs)]
-        next_id = 0
-        for _ in range(60):
-            roll = rng.random()
-            if alloc.seq_ids and roll < 0.35:
-                _check_one_free(free_in_order, alloc, rng.choice(alloc.seq_ids))
-                continue
-            if alloc.seq_ids and roll < 0.5 and len(alloc.seq_ids) < 10:
-                alloc.fork(rng.choice(alloc.seq_ids), next_id)
-            else:
-                tail = [rng.randrange(50) for _ in range(rng.randrange(0, 2 * bs + 2))]
-                tokens = (shared[: rng.randrange(0, len(shared) + 1)] if rng.random() < 0.7 else []) + tail
-                if not alloc.can_allocate(len(tokens), token_ids=tokens) or alloc.num_free_blocks < 4:
-                    continue
-                alloc.allocate_for_sequence(next_id, len(tokens), token_ids=tokens)
-            next_id += 1
-        for seq_id in list(alloc.seq_ids):
-            _check_one_free(free_in_order, alloc, seq_id)
+def _counting_list(values: List[int], reads: int) -> "CountingList":
+    out = CountingList(values)
+    out.reads = reads
+    return out
+
+
+def _queue_arrays(queue: FreeBlockQueue) -> tuple:
+    return list(queue._prev), list(queue._next)
+
+
+def _check_one_removal(remove: Callable, queue: FreeBlockQueue, block_id: int, size: int) -> None:
+    prev, nxt = _queue_arrays(queue)
+    order = list(queue)
+    call = (f"remove_from_free_queue(prev, next_, {block_id})  with the queue {order if len(order) <= 16 else '<' + str(len(order)) + ' blocks>'}"
+            f" (sentinel {size})")
+    given_prev, given_next = CountingList(prev), CountingList(nxt)
+    queued = block_id in queue
+    if not queued:
+        expect_raises(remove, (given_prev, given_next, block_id), call, ValueError,
+                      f"block {block_id} is not in the queue: raise ValueError")
+        if list(given_prev) != prev or list(given_next) != nxt:
+            raise fail(call + "  -> the arrays afterwards", "unchanged", "changed",
+                       "a removal that fails must change nothing")
+        return
+    queue.remove(block_id)
+    want_prev, want_next = _queue_arrays(queue)
+    got = call_learner(remove, (given_prev, given_next, block_id), call, None)
+    if got is not None:
+        raise fail(call, None, got, "change prev and next_ in place and return None")
+    reads = given_prev.reads + given_next.reads
+    if reads > 8:
+        raise fail(call + "  -> entries of prev and next_ read", "a few (the block and its neighbours)",
+                   f"{reads} of a queue of {len(order)} blocks",
+                   "your removal walks the queue: O(1) removal reads only the block's own two links and "
+                   "writes its neighbours' links, whatever the queue's length")
+    got_prev, got_next = list(given_prev), list(given_next)
+    if got_prev[block_id] != NOT_QUEUED or got_next[block_id] != NOT_QUEUED:
+        raise fail(call + f"  -> prev[{block_id}], next_[{block_id}]", (NOT_QUEUED, NOT_QUEUED),
+                   (got_prev[block_id], got_next[block_id]),
+                   "the removed block must be marked as not queued (NOT_QUEUED in both arrays), so a later "
+                   "removal of it is refused")
+    p, n = prev[block_id], nxt[block_id]
+    for name, want, got_arr in (("next_", want_next, got_next), ("prev", want_prev, got_prev)):
+        if got_arr != want:
+            bad = [i for i in range(len(want)) if got_arr[i] != want[i]]
+            raise fail(call + f"  -> {name} afterwards, at {bad}", [want[i] for i in bad], [got_arr[i] for i in bad],
+                       f"block {block_id} sat between {p} and {n} ({size} is the sentinel: head and tail); "
+                       "link them to each other in both directions, and change nothing else")
+
+
+def check_remove_from_free_queue(remove_from_free_queue: Callable[[List[int], List[int], int], None]) -> None:
+    """Task 06.5: ``remove_from_free_queue(prev, next_, block_id)`` unlinks a block in O(1)."""
+    rng = random.Random(9)
+    size = 8
+    queue = FreeBlockQueue(size, [3, 0, 5, 1, 7])
+    for block_id in (5, 3, 7, 2, 5, 0, 1):  # middle, head, tail, never queued, removed twice, the last two
+        _check_one_removal(remove_from_free_queue, queue, block_id, size)
+    for size in (12, 40, 400):
+        ids = list(range(size))
+        rng.shuffle(ids)
+        queue = FreeBlockQueue(size, ids[: size - 2])
+        for _ in range(12):
+            _check_one_removal(remove_from_free_queue, queue, rng.randrange(size), size)
     passed("06.5")
