@@ -1,20 +1,24 @@
-"""Checks of exercise 07, under load: FCFS admission, preemption victims, the cost of preempting.
+"""Checks of exercise 07, under load: FCFS admission, preemption victims (the engine's rule and a
+priority policy), the cost of preempting.
 
-Admission is compared with the allocator's ``can_allocate`` applied request by request,
+Admission is compared with the allocator's ``can_allocate`` applied request by request;
 victims with what the real :class:`~paged_kv_lib.engine.Engine` preempts at every step of
-a run, costs with what the allocator does when a sequence is freed and re-allocated or
-swapped out and back in.
+a run (the priority policy, with equal priorities, must agree with it too, and otherwise
+with the policy's reference below); costs with what the allocator does when a sequence is
+freed and re-allocated or swapped out and back in. A wrong answer that matches a common
+mistake gets a hint naming that mistake.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Callable, Dict, List, Tuple
+from functools import lru_cache
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..allocator import PagedKVCacheAllocator
-from ._common import call_learner, expect_equal, fail, passed
+from ._common import CheckFailure, call_learner, expect_equal, fail, passed
 
 
 # --------------------------------------------------------------------------- 07.1
@@ -35,9 +39,8 @@ def _library_admissions(prompt_blocks: List[int], free: int, total: int, waterma
 
 def check_admit_fcfs(admit_fcfs: Callable[[List[int], int, int, float, int], int]) -> None:
     """Task 07.1: ``admit_fcfs(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots)``."""
-    hint = ("admit from the head while the request's blocks leave at least watermark * total_blocks blocks free "
-            "(free - need >= watermark * total) and a batch slot is left; take its blocks; stop at the first "
-            "request that does not fit, even if a later, smaller one would")
+    hint = ("a request is admitted while a batch slot is left and its blocks leave at least "
+            "watermark * total_blocks free; admitting takes its blocks; the queue is served strictly in order")
     hand = [  # (prompt_blocks, free, total, watermark, slots, expected), verified by hand
         ([3, 3, 3], 10, 10, 0.0, 8, 3),
         ([3, 3, 3], 10, 10, 0.1, 8, 3),   # 10-3 = 7, 7-3 = 4, 4-3 = 1 >= 1: all three
@@ -71,20 +74,104 @@ def check_admit_fcfs(admit_fcfs: Callable[[List[int], int, int, float, int], int
 
 
 # --------------------------------------------------------------------------- 07.2
-_VICTIM_HINT = (
-    "walk the running requests oldest first, reserving the blocks each needs; when a request needs more "
-    "than free - reserved, preempt the NEWEST running request (the last in the list, possibly the one "
-    "asking), add its blocks_held to the free blocks, and try again; a request that preempted itself is done"
-)
+Running = List[Tuple[int, int, int]]
 
 
-def _engine_runs():
-    """(engine, its allocator) pairs to step through, each short of blocks at some point."""
+def _walk(running: Sequence[tuple], free: int, pick: Callable[[list, int], int], *, need_at: int = 2,
+          held_at: int = 1, release: bool = True, free_victims: bool = True, reserve: bool = True,
+          asker_only: bool = False) -> List[int]:
+    """The decode-step walk, with the victim chosen by ``pick(alive, index)``; switches plant known mistakes."""
+    alive = [tuple(r) for r in running]
+    victims: List[int] = []
+    reserved, i = 0, 0
+    while i < len(alive):
+        if alive[i][need_at] <= free - (reserved if reserve else 0):
+            reserved += alive[i][need_at]
+            i += 1
+            continue
+        j = i if asker_only else pick(alive, i)
+        victim = alive.pop(j)
+        victims.append(victim[0])
+        if free_victims:
+            free += victim[held_at]
+        if j < i:
+            if release:
+                reserved -= victim[need_at]
+            i -= 1
+    return victims
+
+
+def _newest(alive: list, i: int) -> int:
+    return len(alive) - 1
+
+
+def _engine_victims(running: Running, free: int) -> List[int]:
+    return _walk(running, free, _newest)
+
+
+def _victim_mistakes(running: Running, free: int) -> Dict[str, List[int]]:
+    return {
+        "the wrong preemption victim: you preempted the oldest request, the engine preempts the newest running "
+        "one (it has done the least work)": _walk(running, free, lambda alive, i: 0),
+        "the wrong preemption victim: you preempted the request that needed the block; the engine preempts the "
+        "newest running request, which is usually another one": _walk(running, free, _newest, asker_only=True),
+        "a preempted request's blocks_held become free for the others; yours never came back":
+            _walk(running, free, _newest, free_victims=False),
+        "blocks reserved by older requests earlier in this step are no longer free for the next one":
+            _walk(running, free, _newest, reserve=False),
+    }
+
+
+def _run_cases(fn: Callable, name: str, cases: Sequence[Tuple[list, int, List[int]]],
+               mistakes: Callable[[list, int], Dict[str, List[int]]], default: str) -> None:
+    """Run every case; on failures, name the one mistake that explains all the failures seen.
+
+    Two mistakes can give the same answer on one case, so the hint is chosen from the
+    mistakes that reproduce the learner's answer on every failing case (up to 20 of them).
+    """
+    first: Optional[Tuple[str, List[int], object]] = None
+    candidates: Optional[List[str]] = None
+    failures = 0
+    for running, free, want in cases:
+        call = f"{name}({running}, free_blocks={free})"
+        given = [tuple(r) for r in running]
+        try:
+            got = call_learner(fn, (given, free), call, want)
+        except CheckFailure:
+            if first is None:
+                raise
+            break
+        if given != [tuple(r) for r in running]:
+            raise fail(call + "  then running", running, given, "your function modified its input list; copy it")
+        if type(got) is list and got == want:
+            continue
+        if type(got) is not list:
+            raise fail(call, want, got, "return a list of request ids")
+        matching = [m for m, value in mistakes(running, free).items() if value != want and value == got]
+        if sorted(got) == sorted(want):
+            matching.append("the right requests, in the wrong order: list them in the order they are preempted")
+        candidates = matching if candidates is None else [m for m in candidates if m in matching]
+        first = first or (call, want, got)
+        failures += 1
+        if failures == 20:
+            break
+    if first is not None:
+        call, want, got = first
+        raise fail(call, want, got, candidates[0] if candidates else default)
+
+
+_VICTIM_HINT = ("follow the engine's rule step by step on this call: who is short of blocks first, and which "
+                "request the engine takes from then")
+
+
+@lru_cache(maxsize=1)
+def _engine_traces() -> Tuple[Tuple[Running, int, List[int]], ...]:
+    """(running, free blocks, requests the real engine preempted) before every step of tight runs."""
     from ..engine import Engine
     from ..model import ModelConfig, TinyTransformer
 
     model = TinyTransformer(ModelConfig(), seed=3).eval()
-    runs = []
+    traces = []
     # (pool blocks, block size, preemption mode, requests, seed): tight pools, some steps preempt twice.
     for num_blocks, block_size, mode, n_requests, seed in (
         (10, 4, "recompute", 6, 11), (12, 4, "swap", 8, 11), (6, 4, "swap", 6, 13), (9, 2, "recompute", 6, 12),
@@ -99,29 +186,7 @@ def _engine_runs():
                 engine.add_request(prompt, max_new)
             except ValueError:  # a request that could never fit the pool alone
                 continue
-        runs.append((engine, alloc))
-    return runs
-
-
-def check_choose_victims(choose_victims: Callable[[List[Tuple[int, int, int]], int], List[int]]) -> None:
-    """Task 07.2: ``choose_victims(running, free_blocks)`` -> ids preempted, in order."""
-    hand = [  # (running, free, expected), verified by hand
-        ([(0, 3, 1), (1, 3, 0), (2, 2, 1), (3, 2, 0)], 0, [3]),
-        ([(0, 3, 1), (1, 2, 1)], 2, []),
-        ([(0, 3, 1), (1, 2, 1)], 1, [1]),         # request 0 takes the free block; request 1 preempts itself
-        ([(0, 3, 1), (1, 2, 1)], 0, [1]),         # request 0 takes one of request 1's two blocks
-        ([(0, 4, 1)], 0, [0]),                     # alone and short: it preempts itself
-        ([(0, 2, 0), (1, 1, 1), (2, 0, 1)], 0, [2, 1]),  # request 2 holds nothing: preempting it frees nothing
-        ([(5, 1, 0), (9, 1, 1)], 0, [9]),
-        ([], 3, []),
-    ]
-    for running, free, want in hand:
-        call = f"choose_victims({running}, free_blocks={free})"
-        got = call_learner(choose_victims, ([tuple(r) for r in running], free), call, want)
-        expect_equal(call, want, list(got) if isinstance(got, (list, tuple)) else got, _VICTIM_HINT)
-    steps_with_preemption = steps_with_two = 0
-    with torch.no_grad():
-        for engine, alloc in _engine_runs():
+        with torch.no_grad():
             while engine.has_unfinished():
                 running = []
                 for request in engine.running:
@@ -134,19 +199,97 @@ def check_choose_victims(choose_victims: Callable[[List[Tuple[int, int, int]], i
                 engine.step()
                 by_request = {r.request_id: r for r in list(engine.running) + list(engine.waiting)}
                 hit = {rid for rid, n in before.items() if rid in by_request and by_request[rid].num_preemptions > n}
-                want = [rid for rid, _, _ in reversed(running) if rid in hit]  # popped newest first
-                steps_with_preemption += bool(want)
-                steps_with_two += len(want) > 1
-                call = f"choose_victims({running}, free_blocks={free})"
-                got = call_learner(choose_victims, (list(running), free), call, want)
-                expect_equal(call + "  (a step of the real engine)", want,
-                             list(got) if isinstance(got, (list, tuple)) else got, _VICTIM_HINT)
-    # The scenarios must exercise what they are for (a failure here is a bug in the check, not yours).
-    assert steps_with_preemption >= 10 and steps_with_two >= 1, (steps_with_preemption, steps_with_two)
+                traces.append((running, free, [rid for rid, _, _ in reversed(running) if rid in hit]))
+    preempting = [t for t in traces if t[2]]
+    # The runs must exercise what they are for (a failure here is a bug in the check, not yours).
+    assert len(preempting) >= 10 and any(len(t[2]) > 1 for t in preempting), len(preempting)
+    return tuple(traces)
+
+
+def check_choose_victims(choose_victims: Callable[[Running, int], List[int]]) -> None:
+    """Task 07.2: ``choose_victims(running, free_blocks)`` -> ids preempted, in order (the engine's rule)."""
+    hand = [  # (running, free, expected), verified by hand
+        ([(0, 3, 1), (1, 3, 0), (2, 2, 1), (3, 2, 0)], 0, [3]),
+        ([(0, 3, 1), (1, 2, 1)], 2, []),
+        ([(0, 3, 1), (1, 2, 1)], 1, [1]),         # request 0 takes the free block; request 1 preempts itself
+        ([(0, 3, 1), (1, 2, 1)], 0, [1]),         # request 0 takes one of request 1's two blocks
+        ([(0, 4, 1)], 0, [0]),                     # alone and short: it preempts itself
+        ([(0, 2, 0), (1, 1, 1), (2, 0, 1)], 0, [2, 1]),  # request 2 holds nothing: preempting it frees nothing
+        ([(5, 1, 0), (9, 1, 1)], 0, [9]),
+        ([], 3, []),
+    ]
+    cases = [(r, f, w) for r, f, w in hand] + list(_engine_traces())
+    for running, free, want in cases:
+        assert want == _engine_victims(running, free)  # the rule as the check reads it is the engine's
+    _run_cases(choose_victims, "choose_victims", cases, _victim_mistakes, _VICTIM_HINT)
     passed("07.2")
 
 
 # --------------------------------------------------------------------------- 07.3
+Prioritised = List[Tuple[int, int, int, int]]
+
+
+def _least_important(alive: list, i: int) -> int:
+    """The largest priority value; among equals, the newest (latest in the list)."""
+    return max(range(len(alive)), key=lambda j: (alive[j][1], j))
+
+
+def priority_victims(running: Prioritised, free: int) -> List[int]:
+    """The reference of task 07.3's policy (see the exercise): who is preempted, in order."""
+    return _walk(running, free, _least_important, need_at=3, held_at=2)
+
+
+def _priority_mistakes(running: Prioritised, free: int) -> Dict[str, List[int]]:
+    walk = dict(need_at=3, held_at=2)
+    return {
+        "the wrong preemption victim: you preempted the newest request whatever its priority (the engine's "
+        "rule of task 07.2); this policy preempts the least important one":
+            _walk(running, free, _newest, **walk),
+        "the wrong preemption victim: you preempted the MOST important request; a smaller priority value means "
+        "more important": _walk(running, free, lambda a, i: max(range(len(a)), key=lambda j: (-a[j][1], j)), **walk),
+        "the wrong preemption victim among equal priorities: of those, preempt the newest":
+            _walk(running, free, lambda a, i: max(range(len(a)), key=lambda j: (a[j][1], -j)), **walk),
+        "you only looked for victims from the asking request onwards; requests already served this step can be "
+        "preempted too": _walk(running, free, lambda a, i: max(range(i, len(a)), key=lambda j: (a[j][1], j)), **walk),
+        "a preempted request that had already reserved its blocks this step no longer needs them: give its "
+        "reservation back": _walk(running, free, _least_important, release=False, **walk),
+    }
+
+
+_PRIORITY_HINT = ("work through this call by hand: at each shortage, which running request is least important, "
+                  "and what does preempting it give back")
+
+
+def check_choose_victims_by_priority(choose_victims_by_priority: Callable[[Prioritised, int], List[int]]) -> None:
+    """Task 07.3: ``choose_victims_by_priority(running, free_blocks)`` -> ids preempted, in order."""
+    hand = [  # (running, free, expected), verified by hand
+        ([(0, 1, 2, 1), (1, 0, 2, 1), (2, 1, 1, 0)], 0, [2, 0]),  # request 0 is preempted after it reserved
+        ([(0, 0, 3, 1), (1, 0, 3, 0), (2, 0, 2, 1), (3, 0, 2, 0)], 0, [3]),  # equal priorities: the newest
+        ([(0, 0, 1, 0), (1, 5, 2, 1)], 0, [1]),                   # the asker is the least important
+        ([(0, 2, 2, 1), (1, 2, 2, 1), (2, 0, 1, 1)], 1, [1]),     # equal priority 2: the newer one goes
+        ([(7, 3, 1, 1), (8, 1, 1, 1), (9, 2, 1, 1)], 0, [7, 9]),   # 7 preempts itself, then 9 does
+        ([(4, 0, 2, 1), (5, 9, 0, 1)], 0, [5, 4]),                # preempting a request that holds nothing
+        ([], 0, []),
+    ]
+    for running, free, want in hand:
+        assert want == priority_victims(running, free)  # keeps the hand cases honest
+    rng = random.Random(73)
+    randoms = []
+    for _ in range(400):
+        n = rng.randrange(0, 7)
+        running = [(rid, rng.randrange(0, 4), rng.randrange(0, 5), rng.choice((0, 0, 1, 1, 2)))
+                   for rid in rng.sample(range(20), n)]
+        free = rng.randrange(0, 4)
+        randoms.append((running, free, priority_victims(running, free)))
+    # With every priority equal, the policy is the engine's rule: the real engine's steps must agree.
+    engine = [([(rid, 0, held, need) for rid, held, need in running], free, want)
+              for running, free, want in _engine_traces()]
+    _run_cases(choose_victims_by_priority, "choose_victims_by_priority", hand + randoms + engine,
+               _priority_mistakes, _PRIORITY_HINT)
+    passed("07.3")
+
+
+# --------------------------------------------------------------------------- 07.4
 def _library_costs(prompt_len: int, generated: int, block_size: int, mode: str) -> Dict[str, int]:
     held_tokens = prompt_len + generated - 1  # the last sampled token is not stored yet
     alloc = PagedKVCacheAllocator(64, block_size, 1, 1, allocate_cache=False, num_cpu_blocks=64)
@@ -168,7 +311,7 @@ def _library_costs(prompt_len: int, generated: int, block_size: int, mode: str) 
 
 
 def check_preemption_cost(preemption_cost: Callable[[int, int, int, str], Dict[str, int]]) -> None:
-    """Task 07.3: ``preemption_cost(prompt_len, num_generated, block_size, mode)`` -> the four counts."""
+    """Task 07.4: ``preemption_cost(prompt_len, num_generated, block_size, mode)`` -> the four counts."""
     keys = ("freed_blocks", "blocks_copied", "prefill_tokens", "blocks_on_resume")
     hints = {
         "freed_blocks": "the request holds prompt_len + num_generated - 1 tokens (its last sampled token is "
@@ -192,4 +335,4 @@ def check_preemption_cost(preemption_cost: Callable[[int, int, int, str], Dict[s
             raise fail(call, want, got, f"return a dict with exactly the keys {list(keys)}")
         for key in keys:
             expect_equal(call + f"[{key!r}]", want[key], got[key], hints[key])
-    passed("07.3")
+    passed("07.4")

@@ -1,4 +1,5 @@
-"""Exercise 07's checks bite: correct solutions pass with the one success line, planted wrong ones fail."""
+"""Exercise 07's checks bite: correct solutions pass with the one success line, planted wrong ones fail
+(for the victim tasks, with a hint that names the mistake)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import math
 
 import pytest
 
-from paged_kv_lib.grading import check_admit_fcfs, check_choose_victims, check_preemption_cost
+from paged_kv_lib.grading import (
+    check_admit_fcfs,
+    check_choose_victims,
+    check_choose_victims_by_priority,
+    check_preemption_cost,
+)
 
 from check_helpers import fails, not_implemented, passes
 
@@ -14,10 +20,9 @@ from check_helpers import fails, not_implemented, passes
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
-
-
-@pytest.mark.parametrize("check", [check_admit_fcfs, check_choose_victims, check_preemption_cost])
+@pytest.mark.parametrize(
+    "check", [check_admit_fcfs, check_choose_victims, check_choose_victims_by_priority, check_preemption_cost]
+)
 def test_an_untouched_task_raises_not_implemented(check):
     with pytest.raises(NotImplementedError):
         check(not_implemented)
@@ -158,28 +163,74 @@ def one_victim_at_most(running, free_blocks):
 
 
 @pytest.mark.parametrize(
-    "wrong",
+    "wrong, words",
     [
-        lambda r, f: choose_victims(r, f, newest=False),        # preempts the oldest
-        lambda r, f: choose_victims(r, f, free_victims=False),  # a victim's blocks never come back
-        lambda r, f: choose_victims(r, f, reserve=False),       # forgets what earlier requests reserved
-        preempts_the_asker,
-        one_victim_at_most,
-        lambda r, f: [rid for rid, _, _ in reversed(choose_victims_order(r, f))],  # right set, wrong order
+        (lambda r, f: choose_victims(r, f, newest=False), "preempted the oldest"),
+        (lambda r, f: choose_victims(r, f, free_victims=False), "never came back"),
+        (lambda r, f: choose_victims(r, f, reserve=False), "reserved by older requests"),
+        (preempts_the_asker, "the request that needed the block"),
+        (one_victim_at_most, "engine's rule"),
+        (lambda r, f: list(reversed(choose_victims(r, f))), "wrong order"),
+        (lambda r, f: tuple(choose_victims(r, f)), "a list"),
     ],
-    ids=["oldest", "no-free", "no-reserve", "asker", "one-victim", "order"],
+    ids=["oldest", "no-free", "no-reserve", "asker", "one-victim", "order", "tuple"],
 )
-def test_choose_victims_wrong(wrong):
-    fails(check_choose_victims, wrong)
+def test_choose_victims_wrong(wrong, words):
+    assert words in fails(check_choose_victims, wrong)
 
 
-def choose_victims_order(running, free_blocks):
-    ids = choose_victims(running, free_blocks)
-    by_id = {r[0]: r for r in running}
-    return [by_id[i] for i in ids]
+def test_choose_victims_that_modifies_running_fails():
+    def pops(running, free_blocks):
+        out = choose_victims(running, free_blocks)
+        running.clear()
+        return out
+    assert "modified its input" in fails(check_choose_victims, pops)
 
 
 # --------------------------------------------------------------------------- 07.3
+def by_priority(running, free_blocks, *, key=lambda r, j: (r[1], j), served_too=True, give_back=True):
+    """The solution of 07.3, with switches that plant one mistake each."""
+    alive = list(running)
+    out, reserved, i = [], 0, 0
+    while i < len(alive):
+        need = alive[i][3]
+        if need <= free_blocks - reserved:
+            reserved += need
+            i += 1
+            continue
+        candidates = range(len(alive)) if served_too else range(i, len(alive))
+        j = max(candidates, key=lambda j: key(alive[j], j))
+        victim = alive.pop(j)
+        out.append(victim[0])
+        free_blocks += victim[2]
+        if j < i:
+            if give_back:
+                reserved -= victim[3]
+            i -= 1
+    return out
+
+
+def test_choose_victims_by_priority_correct(capsys):
+    passes(check_choose_victims_by_priority, by_priority, "07.3", capsys)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda r, f: by_priority(r, f, key=lambda q, j: j), "whatever its priority"),
+        (lambda r, f: by_priority(r, f, key=lambda q, j: (-q[1], j)), "MOST important"),
+        (lambda r, f: by_priority(r, f, key=lambda q, j: (q[1], -j)), "among equal priorities"),
+        (lambda r, f: by_priority(r, f, served_too=False), "already served"),
+        (lambda r, f: by_priority(r, f, give_back=False), "reservation back"),
+        (lambda r, f: choose_victims([(q[0], q[2], q[3]) for q in r], f), "whatever its priority"),
+    ],
+    ids=["newest", "inverted", "oldest-of-equals", "not-served", "keeps-reservation", "engine-rule"],
+)
+def test_choose_victims_by_priority_names_the_mistake(wrong, words):
+    assert words in fails(check_choose_victims_by_priority, wrong)
+
+
+# --------------------------------------------------------------------------- 07.4
 def preemption_cost(prompt_len, num_generated, block_size, mode):
     held = math.ceil((prompt_len + num_generated - 1) / block_size)
     if mode == "recompute":
@@ -190,7 +241,7 @@ def preemption_cost(prompt_len, num_generated, block_size, mode):
 
 
 def test_preemption_cost_correct(capsys):
-    passes(check_preemption_cost, preemption_cost, "07.3", capsys)
+    passes(check_preemption_cost, preemption_cost, "07.4", capsys)
 
 
 def counts_the_unfed_token(prompt_len, num_generated, block_size, mode):
