@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from importlib import resources
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -24,7 +24,9 @@ from torch.nn import functional as F
 
 from ._validate import as_count
 from .allocator import PagedKVCacheAllocator
-from .attention import paged_attention, paged_attention_extend
+from .attention import paged_attention, paged_attention_extend, resolve_backend
+from .attention.batched import BatchPlan, plan_batch
+from .attention.batched import attend as attend_batched
 from .cache_ops import write_slots
 
 NUM_BYTES = 256
@@ -95,18 +97,32 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` ``[n, 1, head_dim // 2]`` of the angles ``pos * freq`` of each position.
+
+    They depend only on the positions, so a forward computes them once for every layer.
+    """
+    half = head_dim // 2
+    freqs = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
+    return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn pairs of channels ``(i, i + d/2)`` of ``x`` ``[n, heads, d]`` by the tabled angles."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary positions: turn pairs of channels of ``x`` ``[n, heads, d]`` by angle ``pos * freq``.
 
     Each token is rotated by its own position only, so the result for a token does not
     depend on which other tokens share the batch (what makes the three paths agree).
     """
-    half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
-    cos, sin = angles.cos()[:, None, :].to(x.dtype), angles.sin()[:, None, :].to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return apply_rotary(x, *rotary_tables(positions, x.shape[-1], theta))
 
 
 class DecoderLayer(nn.Module):
@@ -170,11 +186,12 @@ class TinyTransformer(nn.Module):
         """Hidden states ``[n, dim]`` of packed ``tokens`` ``[n]`` at ``positions`` ``[n]``."""
         cfg = self.config
         n = tokens.shape[0]
+        cos, sin = rotary_tables(positions, cfg.head_dim, cfg.rope_theta)
         x = self.embed(tokens)
         for index, layer in enumerate(self.layers):
             h = layer.attn_norm(x)
-            q = rotate(layer.wq(h).view(n, cfg.num_heads, cfg.head_dim), positions, cfg.rope_theta)
-            k = rotate(layer.wk(h).view(n, cfg.num_kv_heads, cfg.head_dim), positions, cfg.rope_theta)
+            q = apply_rotary(layer.wq(h).view(n, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rotary(layer.wk(h).view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = layer.wv(h).view(n, cfg.num_kv_heads, cfg.head_dim)
             x = x + layer.wo(attend(index, q, k, v).reshape(n, cfg.dim))
             h = layer.mlp_norm(x)
@@ -263,50 +280,39 @@ class TinyTransformer(nn.Module):
         Their K/V goes to the slots the allocator maps them to (unless ``write[i]`` is
         False: the prefix cache already holds it); those slots are the sequence's own,
         since growing a sequence copies a shared last block first (copy-on-write inside
-        ``append_tokens``). Then each token attends causally to
-        its sequence. One ``paged_attention`` call per layer when every chunk is one token
-        (decode), else one ``paged_attention_extend`` call per layer. Returns
-        ``[len(seq_ids), vocab]``.
+        ``append_tokens``). Then each token attends causally to its sequence.
+
+        The whole batch is handled at once: one block-table tensor, one slot mapping, one
+        K/V write and one attention call per layer, rotary and norms on the packed tokens.
+        Attention is decode attention when every chunk is one token, else extend
+        attention. Returns ``[len(seq_ids), vocab]``.
         """
         self.check_allocator(allocator)
         seq_ids = list(seq_ids)
         if len(chunks) != len(seq_ids) or not seq_ids:
             raise ValueError(f"need one non-empty chunk per sequence: {len(seq_ids)} ids, {len(chunks)} chunks")
-        write = [True] * len(seq_ids) if write is None else list(write)
-        token_list = [self._tokens(c).reshape(-1) for c in chunks]
+        write = [True] * len(seq_ids) if write is None else [bool(w) for w in write]
+        if len(write) != len(seq_ids):
+            raise ValueError(f"write has {len(write)} entries for {len(seq_ids)} sequences")
+        id_lists = [c.reshape(-1).tolist() if isinstance(c, torch.Tensor) else list(c) for c in chunks]
+        q_lens = [len(ids) for ids in id_lists]
         lens = [allocator.get_num_tokens(s) for s in seq_ids]
-        pos_list, slot_list, write_rows, offset = [], [], [], 0
-        for seq_id, toks, seq_len, do_write in zip(seq_ids, token_list, lens, write):
-            n = toks.shape[0]
+        for seq_id, n, seq_len in zip(seq_ids, q_lens, lens):
             if not 1 <= n <= seq_len:
                 raise ValueError(f"sequence {seq_id} holds {seq_len} tokens; a chunk of {n} cannot be its newest")
-            pos = torch.arange(seq_len - n, seq_len, device=self.device)
-            pos_list.append(pos)
-            if do_write:
-                slot_list.append(allocator.slot_mapping(seq_id, pos))
-                write_rows.append(torch.arange(offset, offset + n))
-            offset += n
-        tokens, positions = torch.cat(token_list), torch.cat(pos_list)
-        slots = torch.cat(slot_list) if slot_list else torch.empty(0, dtype=torch.int64)
-        rows = torch.cat(write_rows).to(self.device) if write_rows else torch.empty(0, dtype=torch.int64)
-        block_tables = allocator.block_table_tensor(seq_ids)
-        seq_lens = torch.tensor(lens, dtype=torch.int32, device=self.device)
-        q_lens = [t.shape[0] for t in token_list]
-        decode = max(q_lens) == 1
-        starts = torch.tensor([0] + q_lens, device=self.device).cumsum(0).to(torch.int32)
+        tokens = self._tokens([t for ids in id_lists for t in ids])
+        batch = PagedBatch.build(allocator, seq_ids, lens, q_lens, write, self.config.num_kv_heads)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_cache, v_cache = allocator.k_caches[layer], allocator.v_caches[layer]
-            write_slots(k_cache, v_cache, slots, k[rows], v[rows])
-            if decode:
-                return paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
-            return paged_attention_extend(
-                q, k_cache, v_cache, block_tables, seq_lens, starts, max_query_len=max(q_lens)
-            )
+            if batch.write_rows is None:
+                write_slots(k_cache, v_cache, batch.slots, k, v)
+            else:
+                write_slots(k_cache, v_cache, batch.slots, k[batch.write_rows], v[batch.write_rows])
+            return batch.attention(q, k_cache, v_cache)
 
-        hidden = self._run(tokens, positions, attend)
-        last = starts[1:].long() - 1
-        return self.lm_head(hidden[last])
+        hidden = self._run(tokens, batch.positions, attend)
+        return self.lm_head(hidden if batch.decode else hidden[batch.last_rows])
 
     def check_allocator(self, allocator: PagedKVCacheAllocator) -> None:
         """Raise ``ValueError`` unless the allocator's cache has this model's K/V shape."""
@@ -326,6 +332,79 @@ class TinyTransformer(nn.Module):
         return PagedKVCacheAllocator(
             num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
             num_layers=cfg.num_layers, **options,
+        )
+
+
+@dataclass
+class PagedBatch:
+    """Everything one paged forward needs about its batch, built once and shared by every layer.
+
+    ``positions`` and ``slots`` cover the packed new tokens (``slots`` only those whose K/V
+    is written: ``write_rows`` picks them, ``None`` meaning all); ``block_tables`` and
+    ``seq_lens`` are the attention's inputs; ``plan`` is the batched torch attention's
+    gather index, or ``None`` when the Triton backend serves the batch.
+    """
+
+    decode: bool
+    positions: torch.Tensor
+    slots: torch.Tensor
+    write_rows: Optional[torch.Tensor]
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    last_rows: torch.Tensor
+    max_query_len: int
+    plan: Optional[BatchPlan]
+
+    @classmethod
+    def build(
+        cls,
+        allocator: PagedKVCacheAllocator,
+        seq_ids: List[int],
+        lens: List[int],
+        q_lens: List[int],
+        write: List[bool],
+        num_kv_heads: int,
+    ) -> "PagedBatch":
+        device = allocator.device
+        num_seqs, block_size = len(seq_ids), allocator.block_size
+        seq_lens = torch.tensor(lens, dtype=torch.int64, device=device)
+        q_lens_t = torch.tensor(q_lens, dtype=torch.int64, device=device)
+        query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.int64, device=device)
+        torch.cumsum(q_lens_t, 0, out=query_start_loc[1:])
+        decode = max(q_lens) == 1
+        if decode:
+            seq_of = torch.arange(num_seqs, device=device)
+            positions = seq_lens - 1
+        else:
+            seq_of = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens_t, output_size=sum(q_lens))
+            within = torch.arange(seq_of.shape[0], device=device) - query_start_loc[seq_of]
+            positions = (seq_lens - q_lens_t)[seq_of] + within
+        block_tables = allocator.block_table_tensor(seq_ids)
+        # The slot mapping of every new token at once: its block through its row of the table.
+        slots = block_tables[seq_of, positions // block_size].long() * block_size + positions % block_size
+        write_rows = None
+        if not all(write):
+            keep = torch.tensor(write, device=device)[seq_of]
+            write_rows = keep.nonzero().flatten()
+            slots = slots[write_rows]
+        plan = None
+        if resolve_backend("auto", device) == "torch":
+            plan = plan_batch(block_tables, seq_lens, num_kv_heads, block_size, None if decode else query_start_loc)
+        return cls(
+            decode, positions, slots, write_rows, block_tables, seq_lens.to(torch.int32),
+            query_start_loc.to(torch.int32), query_start_loc[1:] - 1, max(q_lens), plan,
+        )
+
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Paged attention of the batch's queries over one layer's cache."""
+        if self.plan is not None:  # the torch backend, with the gather index built once
+            return attend_batched(q, k_cache, v_cache, self.plan)
+        if self.decode:
+            return paged_attention(q, k_cache, v_cache, self.block_tables, self.seq_lens)
+        return paged_attention_extend(
+            q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc,
+            max_query_len=self.max_query_len,
         )
 
 

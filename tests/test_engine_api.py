@@ -180,20 +180,40 @@ def test_cli_generate_reports_an_impossible_request(capsys) -> None:
     assert "can never fit" in capsys.readouterr().err
 
 
-def test_decode_step_makes_one_paged_attention_call_per_layer(model, monkeypatch) -> None:
+def test_decode_step_works_on_the_whole_batch_at_once(model, monkeypatch) -> None:
+    """One block-table tensor, one gather plan and no per-sequence slot mapping per step;
+    one batched attention call per layer, each over the whole batch."""
     import paged_kv_lib.model as model_module
 
-    calls = []
-    real = model_module.paged_attention
+    calls = {"attend": [], "plan": 0, "tables": 0, "slot_mapping": 0}
+    real_attend, real_plan = model_module.attend_batched, model_module.plan_batch
 
-    def counting(q, *args, **kwargs):
-        calls.append(q.shape[0])
-        return real(q, *args, **kwargs)
+    def attend(q, *args, **kwargs):
+        calls["attend"].append(q.shape[0])
+        return real_attend(q, *args, **kwargs)
+
+    def plan(*args, **kwargs):
+        calls["plan"] += 1
+        return real_plan(*args, **kwargs)
 
     engine = make_engine(model, num_blocks=64)
     for prompt in ("one", "two", "three"):
         engine.add_request(prompt, 5)
     engine.step()  # prefill (extend attention)
-    monkeypatch.setattr(model_module, "paged_attention", counting)
+    alloc = engine.allocator
+    real_tables, real_slots = alloc.block_table_tensor, alloc.slot_mapping
+
+    def tables(*args, **kwargs):
+        calls["tables"] += 1
+        return real_tables(*args, **kwargs)
+
+    def slots(*args, **kwargs):
+        calls["slot_mapping"] += 1
+        return real_slots(*args, **kwargs)
+
+    monkeypatch.setattr(model_module, "attend_batched", attend)
+    monkeypatch.setattr(model_module, "plan_batch", plan)
+    monkeypatch.setattr(alloc, "block_table_tensor", tables)
+    monkeypatch.setattr(alloc, "slot_mapping", slots)
     engine.step()  # decode
-    assert calls == [3] * model.config.num_layers  # the whole batch in each layer's one call
+    assert calls == {"attend": [3] * model.config.num_layers, "plan": 1, "tables": 1, "slot_mapping": 0}
