@@ -60,6 +60,7 @@ bench: install
 	$(PY) benchmarks/free_queue.py
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/engine.py
+	$(PY) benchmarks/engine_memory.py
 	$(PY) benchmarks/simulate.py
 
 ## On a CUDA machine: GPU tests, kernel benchmark and the last lesson; results in $GPU_CHECK_OUT.
