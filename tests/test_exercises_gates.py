@@ -203,7 +203,7 @@ def test_missing_cell_ids_get_deterministic_ones():
 # Generation
 
 
-def test_learner_version_strips_solutions_and_keeps_checks():
+def test_learner_version_strips_solutions_and_opens_clean():
     solution = small_notebook()
     solution.cells[2].outputs = [new_output("stream", name="stdout", text="leak\n")]
     solution.cells[2].execution_count = 4
@@ -218,11 +218,32 @@ def test_learner_version_strips_solutions_and_keeps_checks():
     assert cell.metadata["paged_kv"] == {"task": "42.1", "role": "solution", "points": 2}
     assert cell.metadata["deletable"] is False
     check = learner.cells[3]
-    assert check.outputs == solution.cells[3].outputs and check.execution_count == 1
+    assert check.outputs == [] and check.execution_count is None, "no stored PASSED line before any work"
+    assert check.source == solution.cells[3].source
     assert check.metadata["editable"] is False and check.metadata["deletable"] is False
     assert learner.cells[1] == solution.cells[1]
+    first = learner.cells[0].source
+    assert first.startswith(solution.cells[0].source) and gen.HOWTO_MARK in first
+    assert "paged-kv grade exercises/42_small.ipynb" in first and "task 42.1 is not written yet" in first
+    again = gen.make_learner_version(learner_with_solutions(learner, solution), "42_small.ipynb")
+    assert again.cells[0].source.count(gen.HOWTO_MARK) == 1, "the note is added once"
     assert learner.metadata["paged_kv"]["exercise"] == "42_small"
     assert [t.points for t in find_tasks(learner).values()] == [2, 1, 1]
+
+
+def learner_with_solutions(learner, solution):
+    """A solution notebook whose first cell already carries the note (as an author may write it)."""
+    nb = copy.deepcopy(solution)
+    nb.cells[0].source = learner.cells[0].source
+    return nb
+
+
+def test_a_notebook_starting_with_code_gets_the_note_in_a_new_first_cell():
+    solution = small_notebook()
+    solution.cells.pop(0)
+    learner = gen.make_learner_version(solution, "42_small.ipynb")
+    assert learner.cells[0].cell_type == "markdown" and gen.HOWTO_MARK in learner.cells[0].source
+    assert len(learner.cells) == len(solution.cells) + 1
 
 
 def _write_solutions(folder: Path, names: List[str]) -> None:
@@ -291,7 +312,7 @@ def _learner_notebooks():
     return found
 
 
-def _failing_cells(path: Path) -> List[int]:
+def _run_with_errors(path: Path) -> nbformat.NotebookNode:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
@@ -310,17 +331,41 @@ def _failing_cells(path: Path) -> List[int]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return [
-        index for index, cell in enumerate(nb.cells)
-        if cell.cell_type == "code" and any(out.get("output_type") == "error" for out in cell.outputs)
-    ]
+    return nb
+
+
+def _errors(cell) -> list:
+    return [out for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+
+
+@pytest.mark.parametrize("path", _learner_notebooks(), ids=lambda p: str(p.relative_to(REPO)))
+def test_learner_versions_open_clean(path):
+    nb = read_notebook(path)
+    for task in find_tasks(nb).values():
+        for index in (task.solution_cell, *task.check_cells):
+            assert nb.cells[index].outputs == [], f"cell {index} of {path.name} has stored output"
+    if path.parent == EXERCISES:
+        assert nb.cells[0].cell_type == "markdown" and gen.HOWTO_MARK in nb.cells[0].source
+        assert f"paged-kv grade exercises/{path.name}" in nb.cells[0].source
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", _learner_notebooks(), ids=lambda p: str(p.relative_to(REPO)))
 def test_untouched_learner_version_fails_exactly_at_its_check_cells(path):
+    """By executing: every check cell raises (no stored output decides it), no other cell does, and
+    a course check says in one line which task is not written yet."""
     nb = read_notebook(path)
     checks = sorted(i for task in find_tasks(nb).values() for i in task.check_cells)
     assert checks, "a learner version without check cells"
-    assert _failing_cells(path) == checks
+    ran = _run_with_errors(path)
+    failing = [i for i, cell in enumerate(ran.cells) if cell.cell_type == "code" and _errors(cell)]
+    assert failing == checks
+    if path.parent != EXERCISES:
+        return  # the grader's demo checks do not use the course's helpers
+    for index in checks:
+        (error,) = _errors(ran.cells[index])
+        task = next(t.task for t in find_tasks(nb).values() if index in t.check_cells)
+        assert len(error["traceback"]) == 1, f"cell {index}: a traceback instead of one line: {error['traceback']}"
+        assert "is not written yet" in error["traceback"][0], (index, error["traceback"])
+        assert error["ename"] == "TaskNotWrittenError", (index, error["ename"], task)

@@ -3,9 +3,11 @@
 ``python -m paged_kv_lib.grading.generate`` reads every ``exercises/solutions/NN_*.ipynb``,
 checks it against the conventions (see :mod:`.notebook_tasks`) and writes
 ``exercises/NN_*.ipynb``: solution regions become ``raise NotImplementedError(...)``,
-solution cells lose their outputs, check cells keep their stored ``PASSED NN.k`` line
-(so nbval fails them until the learner's code works). ``--check`` writes nothing and
-exits 1 when a committed learner version differs from a fresh generation (a CI gate).
+solution and check cells lose their outputs (a learner version opens clean: nothing
+claims ``PASSED`` before the learner has written anything), and the first markdown cell
+gets the short "how to work here" note (how to run a check, how to grade the notebook)
+unless it already has one. ``--check`` writes nothing and exits 1 when a committed
+learner version differs from a fresh generation (a CI gate).
 """
 
 from __future__ import annotations
@@ -33,6 +35,21 @@ from .notebook_tasks import (
 
 COURSE_ROOT = Path(__file__).resolve().parents[2]
 SOLUTION_GLOB = "[0-9][0-9]_*.ipynb"
+HOWTO_MARK = "**How to work here.**"
+HOWTO = (
+    HOWTO_MARK + " Write your code in each task's solution cell, where it says "
+    "`raise NotImplementedError`, and run that cell. Then run the check cell right after it: it "
+    "prints `PASSED {first}` (for task {first}) when your code is right, `task {first} is not written yet` "
+    "before you start, or the call that went wrong with what was expected, what came back and a hint.\n\n"
+    "**To grade the whole notebook**, save it and run `paged-kv grade exercises/{stem}.ipynb` in a terminal "
+    "from the course folder. Only your solution cells count: the grader runs the checks again, outside your "
+    "notebook, and tells you about code it did not grade."
+)
+
+
+def howto_text(stem: str, first_task: str) -> str:
+    """The note the first cell of every learner version carries."""
+    return HOWTO.format(stem=stem, first=first_task)
 
 
 def make_learner_version(solution: NotebookNode, name: str) -> NotebookNode:
@@ -56,14 +73,34 @@ def make_learner_version(solution: NotebookNode, name: str) -> NotebookNode:
             cell.execution_count = None
             cell.metadata["deletable"] = False
         elif role == ROLE_CHECK:
+            cell.outputs = []
+            cell.execution_count = None
             cell.metadata["deletable"] = False
             cell.metadata["editable"] = False
     stem = Path(name).stem
+    add_howto(learner, stem)
     learner.metadata[META_KEY] = {
         "exercise": stem,
         "generated_from": f"exercises/solutions/{stem}.ipynb",
     }
     return learner
+
+
+def add_howto(nb: NotebookNode, stem: str) -> None:
+    """Put the "how to work here" note at the end of the first cell (a markdown cell; one is added
+    at the top when the notebook starts with code), unless the notebook already says it there."""
+    tasks = [cell_task(c) for c in nb.cells]
+    first_task = next((t[0] for t in tasks if t is not None), f"{stem[:2]}.1")
+    if nb.cells and nb.cells[0].cell_type == "markdown":
+        first = nb.cells[0]
+        if HOWTO_MARK not in first.source:
+            first.source = first.source.rstrip("\n") + "\n\n" + howto_text(stem, first_task)
+        return
+    from nbformat.v4 import new_markdown_cell
+
+    cell = new_markdown_cell(howto_text(stem, first_task))
+    cell["id"] = "paged-kv-howto"
+    nb.cells.insert(0, cell)
 
 
 def relocate_links(markdown: str) -> str:
