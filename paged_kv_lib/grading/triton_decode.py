@@ -20,6 +20,7 @@ row whose offset lies outside the cache, whatever ``ADDRESSES`` returns.
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any
 
@@ -105,8 +106,9 @@ def run_decode_skeleton(
     Shapes as in :func:`paged_kv_lib.attention.paged_attention`: ``q`` is ``[num_seqs,
     num_q_heads, head_dim]``, the caches ``[num_blocks, num_kv_heads, block_size,
     head_dim]``, ``block_tables`` int ``[num_seqs, width]`` padded with -1. The result
-    has ``q``'s shape and dtype. On CUDA tensors the kernel runs compiled; on CPU tensors
-    under ``TRITON_INTERPRET=1``.
+    has ``q``'s shape, dtype and device. Under ``TRITON_INTERPRET=1`` the kernel runs on
+    the CPU, program by program; otherwise it runs compiled on the GPU (CPU inputs are
+    moved there and the result moved back), so the same notebook cell works on both.
     """
     num_seqs, num_q_heads, head_dim = q.shape
     num_blocks, num_kv_heads = k_cache.shape[:2]
@@ -114,6 +116,12 @@ def run_decode_skeleton(
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
+    home = q.device
+    if os.environ.get("TRITON_INTERPRET") != "1" and home.type != "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("no GPU: set os.environ['TRITON_INTERPRET'] = '1' before triton is imported "
+                               "to run the kernel on the CPU")
+        q, k_cache, v_cache = (t.to("cuda") for t in (q, k_cache, v_cache))
     q = q.contiguous()
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     width = block_tables.shape[1]
@@ -132,7 +140,7 @@ def run_decode_skeleton(
         if found:
             raise NotImplementedError(found.group(1)) from None
         raise
-    return out
+    return out.to(home)
 
 
 _UNWRITTEN = re.compile(r"NotImplementedError\(['\"](Task [0-9]{2}\.[0-9]+[^'\"]*)['\"]\)")
