@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import operator
-from typing import Any
+from array import array
+from typing import Any, List
 
 from .errors import InvalidArgumentError, InvalidTypeError
 
@@ -32,3 +33,21 @@ def as_fraction(value: Any, name: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise InvalidArgumentError(f"{name} must be in [0, 1], got {value!r}")
     return float(value)
+
+
+def as_token_ids(token_ids: Any, expected: int) -> List[int]:
+    """Token ids as a list of ints, exactly ``expected`` of them, each fitting in 64 bits (no bools)."""
+    if hasattr(token_ids, "tolist"):  # a tensor or an array
+        token_ids = token_ids.tolist()
+    try:
+        values = list(token_ids)
+        tokens = array("q", values).tolist()
+    except TypeError:
+        raise InvalidTypeError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}") from None
+    except OverflowError:
+        raise InvalidArgumentError("token_ids must fit in signed 64 bits") from None
+    if any(type(t) is bool for t in values):
+        raise InvalidTypeError("token_ids must be ints, not bools")
+    if len(tokens) != expected:
+        raise InvalidArgumentError(f"got {len(tokens)} token_ids for {expected} tokens")
+    return tokens

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Dict, Optional, Sequence
+from typing import Dict, ItemsView, List, NamedTuple, Optional, Sequence, Union
+
+from .errors import InvalidTypeError
 
 ROOT_KEY = bytes(32)
 
@@ -28,14 +30,19 @@ def block_key(parent_key: Optional[bytes], token_ids: Sequence[int], extra_key: 
     return digest.digest()
 
 
-def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes] = None) -> list:
+def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes] = None) -> List[bytes]:
     """Keys of every full block of a token sequence, in order."""
-    keys = []
-    parent = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
+    keys: List[bytes] = []
+    extend_chain(keys, token_ids, block_size, extra_key)
+    return keys
+
+
+def extend_chain(keys: List[bytes], token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes]) -> None:
+    """Append to ``keys`` (those of the first full blocks of ``token_ids``) the keys of the blocks filled since."""
+    parent = keys[-1] if keys else None
+    for start in range(len(keys) * block_size, len(token_ids) - block_size + 1, block_size):
         parent = block_key(parent, token_ids[start : start + block_size], extra_key)
         keys.append(parent)
-    return keys
 
 
 class PrefixCache:
@@ -61,14 +68,50 @@ class PrefixCache:
     def get(self, key: bytes) -> Optional[int]:
         return self._by_key.get(key)
 
+    def longest_prefix(self, keys: Sequence[bytes]) -> List[int]:
+        """Block ids of the longest run of leading ``keys`` found in the cache, in order."""
+        hits = []
+        for key in keys:
+            block_id = self._by_key.get(key)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
     def insert(self, key: bytes, block_id: int) -> None:
         self._by_key[key] = block_id
 
     def remove(self, key: bytes) -> None:
         del self._by_key[key]
 
-    def items(self):
+    def items(self) -> ItemsView[bytes, int]:
         return self._by_key.items()
 
     def clear(self) -> None:
         self._by_key.clear()
+
+
+def as_extra_key(extra_key: Optional[Union[bytes, str]]) -> Optional[bytes]:
+    """A salt as bytes (a str is UTF-8 encoded); ``None`` stays ``None``."""
+    if extra_key is None:
+        return None
+    if isinstance(extra_key, str):
+        return extra_key.encode()
+    if isinstance(extra_key, bytes):
+        return extra_key
+    raise InvalidTypeError(f"extra_key must be bytes or str, got {type(extra_key).__name__}")
+
+
+class PromptPlan(NamedTuple):
+    """What allocating a prompt takes, worked out (by the block manager) before anything changes."""
+
+    tokens: Optional[List[int]]
+    salt: Optional[bytes]
+    keys: List[bytes]
+    hits: List[int]  # cached blocks reused, in logical order
+    hit_free: int  # how many of the hits sit in the free queue (taking them shrinks it)
+    new_blocks: int  # fresh blocks to pop off the free queue
+
+    @property
+    def taken_from_free(self) -> int:
+        return self.new_blocks + self.hit_free

@@ -24,23 +24,24 @@ def snapshot(alloc: PagedKVCacheAllocator) -> Dict[str, Any]:
     ref counts and hashes, the free queue's order, the prefix cache's map and counters,
     the CPU pool, the copy log and every device and CPU cache tensor.
     """
+    manager = alloc.manager
     state: Dict[str, Any] = {
         "free": alloc.free_blocks,
         "blocks": [(b.block_id, b.ref_count, b.block_hash) for b in alloc.blocks],
-        "tables": {s: _table_state(t) for s, t in alloc._tables.items()},
+        "tables": {s: _table_state(t) for s, t in manager._tables.items()},
         "public_tables": alloc.sequence_block_tables,
-        "swapped": {s: _table_state(t) for s, t in alloc._swapped.items()},
-        "cpu_free": list(alloc._cpu_free),
-        "prefix": dict(alloc._prefix.items()),
-        "prefix_counters": (alloc._prefix.queries, alloc._prefix.hits),
+        "swapped": {s: _table_state(t) for s, t in manager._swapped.items()},
+        "cpu_free": list(manager._cpu_free),
+        "prefix": dict(manager._prefix.items()),
+        "prefix_counters": (manager._prefix.queries, manager._prefix.hits),
         "copy_log": alloc.copy_log,
         "stats": alloc.stats(),
     }
     if alloc.k_caches:
         state["k"] = [c.clone() for c in alloc.k_caches]
         state["v"] = [c.clone() for c in alloc.v_caches]
-    if alloc._cpu_kv is not None:
-        state["cpu_kv"] = [alloc._cpu_kv.clone()]
+    if alloc.store.cpu_kv is not None:
+        state["cpu_kv"] = [alloc.store.cpu_kv.clone()]
     return state
 
 
@@ -48,7 +49,7 @@ def assert_same_state(before: Dict[str, Any], after: Dict[str, Any]) -> None:
     assert before.keys() == after.keys()
     for key in before:
         if key in ("k", "v", "cpu_kv"):
-            for a, b in zip(before[key], after[key]):
+            for a, b in zip(before[key], after[key], strict=True):
                 assert torch.equal(a, b), f"{key} cache changed"
         else:
             assert before[key] == after[key], f"{key} changed: {before[key]} -> {after[key]}"

@@ -295,11 +295,11 @@ def test_check_invariants_catches_corruption():
 
     alloc = make()
     alloc.allocate_for_sequence(0, 5)
-    alloc._blocks[0].ref_count = 2
+    alloc.manager._blocks[0].ref_count = 2
     with pytest.raises(InvariantError, match="ref_count 2"):
         alloc.check_invariants()
-    alloc._blocks[0].ref_count = 1
-    alloc._tables[0].num_tokens = 20
+    alloc.manager._blocks[0].ref_count = 1
+    alloc.manager._tables[0].num_tokens = 20
     with pytest.raises(InvariantError, match="20 tokens"):
         alloc.check_invariants()
 

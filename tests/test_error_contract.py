@@ -124,15 +124,15 @@ def test_bookkeeping_only_allocator_refuses_kv_with_a_typed_error():
 
 # ------------------------------------------------------------------ the snapshot sees everything
 SILENT_CHANGES = [
-    ("swapped table", lambda a: a._swapped[2].block_ids.reverse()),
-    ("swapped tokens", lambda a: a._swapped[2].token_ids.append(0)),
-    ("resident token ids", lambda a: a._tables[1].token_ids.__setitem__(0, 99)),
-    ("resident keys", lambda a: a._tables[1].block_keys.clear()),
-    ("fast-path limit", lambda a: setattr(a._tables[1], "append_limit", 99)),
-    ("prefix map", lambda a: a._prefix.insert(b"x" * 32, 5)),
-    ("prefix counters", lambda a: setattr(a._prefix, "hits", a._prefix.hits + 1)),
-    ("cpu pool", lambda a: a._cpu_free.rotate(1)),
-    ("cpu tensor", lambda a: a._cpu_kv.add_(1)),
+    ("swapped table", lambda a: a.manager._swapped[2].block_ids.reverse()),
+    ("swapped tokens", lambda a: a.manager._swapped[2].token_ids.append(0)),
+    ("resident token ids", lambda a: a.manager._tables[1].token_ids.__setitem__(0, 99)),
+    ("resident keys", lambda a: a.manager._tables[1].block_keys.clear()),
+    ("fast-path limit", lambda a: setattr(a.manager._tables[1], "append_limit", 99)),
+    ("prefix map", lambda a: a.manager._prefix.insert(b"x" * 32, 5)),
+    ("prefix counters", lambda a: setattr(a.manager._prefix, "hits", a.manager._prefix.hits + 1)),
+    ("cpu pool", lambda a: a.manager._cpu_free.rotate(1)),
+    ("cpu tensor", lambda a: a.store.cpu_kv.add_(1)),
     ("device tensor, layer 0", lambda a: a.k_cache.add_(1)),
 ]
 

@@ -1,0 +1,450 @@
+"""``BlockManager``: which sequence holds which block. Bookkeeping only, no tensors.
+
+Its whole state: ``_blocks`` (one :class:`Block` per physical block: ref count, content
+key), ``_free`` (the :class:`FreeBlockQueue`, next handed out first), ``_tables`` (each
+resident sequence's :class:`BlockTable`), ``_prefix`` (the :class:`PrefixCache`, content
+key -> block, so equal prompt prefixes share), ``_swapped`` and ``_cpu_free`` (tables of
+swapped-out sequences, in CPU block ids, and the CPU pool).
+
+It is the only code that changes a ref count, and it answers the scheduler's questions
+(can these sequences grow, can this one swap in) with the arithmetic the acts use. Every
+public method checks before it changes anything, so a call that raises changes nothing.
+It moves no bytes: copy-on-write calls ``on_copy(src, dst)``, and ``swap_out``/``swap_in``
+return the block ids whose contents the owner must move.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from ._validate import as_count, as_fraction, as_seq_id, as_token_ids
+from .block import Block, cdiv
+from .block_table import BlockTable
+from .errors import BlocksInUseError, DuplicateSequenceError, InvalidArgumentError, InvalidTypeError
+from .errors import OutOfBlocksError, SequenceStateError, UnknownSequenceError
+from .free_queue import FreeBlockQueue
+from .prefix_cache import PrefixCache, PromptPlan, as_extra_key, chain_keys, extend_chain
+
+TokenIds = Optional[Sequence[int]]
+ExtraKey = Optional[Union[bytes, str]]
+
+
+class BlockManager:
+    """Hands out a pool of fixed-size blocks to growing, forking, swapping sequences.
+
+    Args:
+        num_blocks: physical blocks in the pool.
+        block_size: token slots per block.
+        enable_prefix_caching: find full blocks again by content (needs ``token_ids``).
+        num_cpu_blocks: size of the CPU swap space, in blocks.
+        on_copy: called as ``on_copy(src, dst)`` whenever copy-on-write gives a sequence
+            block ``dst`` in place of the shared block ``src`` (the owner copies the bytes).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
+                 num_cpu_blocks: int = 0, on_copy: Optional[Callable[[int, int], None]] = None) -> None:
+        self.num_blocks = as_count(num_blocks, "num_blocks", minimum=1)
+        self.block_size = as_count(block_size, "block_size", minimum=1)
+        self.num_cpu_blocks = as_count(num_cpu_blocks, "num_cpu_blocks")
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.on_copy = on_copy
+        self._blocks: List[Block] = [Block(i) for i in range(self.num_blocks)]
+        self._free = FreeBlockQueue(self.num_blocks, range(self.num_blocks))
+        self._tables: Dict[int, BlockTable] = {}
+        self._prefix = PrefixCache()
+        self._swapped: Dict[int, BlockTable] = {}  # block ids here are CPU block ids
+        self._cpu_free: Deque[int] = deque(range(self.num_cpu_blocks))
+        self._copy_log: Deque[Tuple[int, int]] = deque(maxlen=4096)
+        self.num_copies = 0
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        """Free blocks in the CPU swap space."""
+        return len(self._cpu_free)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold findable content (they count as free)."""
+        return sum(1 for _, block_id in self._prefix.items() if self._blocks[block_id].ref_count == 0)
+
+    @property
+    def seq_ids(self) -> Tuple[int, ...]:
+        """Ids of the resident sequences, oldest first."""
+        return tuple(self._tables)
+
+    @property
+    def swapped_seq_ids(self) -> Tuple[int, ...]:
+        return tuple(self._swapped)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return type(seq_id) is not bool and (seq_id in self._tables or seq_id in self._swapped)
+
+    def is_swapped(self, seq_id: int) -> bool:
+        """Whether the sequence is swapped out (unknown ids raise)."""
+        if as_seq_id(seq_id) in self._swapped:
+            return True
+        self.table(seq_id)  # raises for unknown ids
+        return False
+
+    def get_block_mapping(self, seq_id: int) -> List[int]:
+        """A copy of the sequence's block ids, in logical order."""
+        return list(self.table(seq_id).block_ids)
+
+    def get_num_tokens(self, seq_id: int) -> int:
+        """How many tokens the sequence holds (swapped out or not)."""
+        table = self._swapped.get(as_seq_id(seq_id))
+        return self.table(seq_id).num_tokens if table is None else table.num_tokens
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
+        return cdiv(as_count(num_tokens, "num_tokens"), self.block_size)
+
+    # ------------------------------------------------------ the scheduler's questions
+    def watermark_blocks(self, watermark: float) -> int:
+        """Blocks an admission must leave free: ``ceil(watermark * num_blocks)``.
+
+        The one place the watermark rule lives; every ``can_*`` question below uses it.
+        """
+        return math.ceil(as_fraction(watermark, "watermark") * self.num_blocks)
+
+    def can_allocate(
+        self, num_tokens: int, *, token_ids: TokenIds = None, watermark: float = 0.0, extra_key: ExtraKey = None
+    ) -> bool:
+        """Whether a new sequence of ``num_tokens`` tokens fits now, cache hits counted, leaving the watermark."""
+        num_tokens = as_count(num_tokens, "num_tokens")
+        reserve = self.watermark_blocks(watermark)
+        plan = self._plan_prompt(num_tokens, token_ids, extra_key)
+        return len(self._free) - plan.taken_from_free >= reserve
+
+    def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
+        """Free blocks ``append_tokens(seq_id, num_tokens)`` would take now: new blocks, plus one to copy
+        a shared, non-full last block. For this sequence alone (:meth:`can_append` counts shared tails once).
+        """
+        table = self.table(seq_id)
+        new_blocks, copy = self._append_cost(table, as_count(num_tokens, "num_tokens"))
+        return new_blocks + copy
+
+    def can_append(self, seq_ids: Iterable[int], num_tokens: int = 1, *, watermark: float = 0.0) -> bool:
+        """Whether every listed sequence can grow by ``num_tokens`` in the same step, leaving the watermark.
+
+        A tail held by ``r`` tables and grown by ``k`` of them is copied ``min(k, r - 1)``
+        times: the last holder writes in place. An id listed twice is refused.
+        """
+        num_tokens = as_count(num_tokens, "num_tokens")
+        reserve = self.watermark_blocks(watermark)
+        if not isinstance(seq_ids, Iterable):
+            raise InvalidTypeError(f"seq_ids must be an iterable of ints, got {type(seq_ids).__name__} {seq_ids!r}")
+        needed = 0
+        growers: Dict[int, int] = {}  # shared, non-full tail block -> how many listed sequences grow it
+        seen = set()
+        for seq_id in seq_ids:
+            table = self.table(seq_id)
+            if seq_id in seen:
+                raise InvalidArgumentError(f"sequence {seq_id} is listed twice in can_append")
+            seen.add(seq_id)
+            new_blocks, copy = self._append_cost(table, num_tokens)
+            needed += new_blocks
+            if copy:
+                tail = table.block_ids[-1]
+                growers[tail] = growers.get(tail, 0) + 1
+        needed += sum(min(k, self._blocks[tail].ref_count - 1) for tail, k in growers.items())
+        return len(self._free) - needed >= reserve
+
+    def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
+        """Whether a swapped-out sequence fits back now (one device block per CPU block it holds)."""
+        reserve = self.watermark_blocks(watermark)
+        return len(self._free) - len(self._swapped_table(seq_id).block_ids) >= reserve
+
+    # ------------------------------------------------------------------ allocate
+    def allocate_for_sequence(
+        self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None, extra_key: ExtraKey = None
+    ) -> int:
+        """Give a new sequence the blocks for its prompt; returns how many prompt tokens were found cached.
+
+        With ``token_ids`` (and prefix caching on) the longest run of leading full blocks whose content
+        is cached is reused, not allocated. ``extra_key`` salts every key: different salts never share.
+        """
+        seq_id = as_seq_id(seq_id)
+        num_prompt_tokens = as_count(num_prompt_tokens, "num_prompt_tokens")
+        self._check_new_id(seq_id)
+        plan = self._plan_prompt(num_prompt_tokens, token_ids, extra_key)
+        if plan.taken_from_free > len(self._free):
+            raise OutOfBlocksError(plan.new_blocks, len(self._free) - plan.hit_free, f"allocate sequence {seq_id}")
+        self._prefix.queries += len(plan.keys)
+        self._prefix.hits += len(plan.hits)
+        for block_id in plan.hits:
+            block = self._blocks[block_id]
+            if block.ref_count == 0:
+                self._free.remove(block_id)
+            block.ref_count += 1
+        block_ids = plan.hits + self._take_blocks(plan.new_blocks)
+        table = BlockTable(block_ids, num_prompt_tokens, plan.tokens, plan.keys, plan.salt)
+        self._register(table, len(plan.hits))
+        self._refresh_limit(table)
+        self._tables[seq_id] = table
+        return len(plan.hits) * self.block_size
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """Make ``child_seq_id`` share every block of ``parent_seq_id`` (ref counts go up; nothing is copied)."""
+        parent = self.table(parent_seq_id)
+        child_seq_id = as_seq_id(child_seq_id)
+        self._check_new_id(child_seq_id)
+        for block_id in parent.block_ids:
+            self._blocks[block_id].ref_count += 1
+        child = parent.copy()
+        parent.append_limit = child.append_limit = 0  # their last block is shared now
+        self._tables[child_seq_id] = child
+
+    def free_sequence(self, seq_id: int) -> None:
+        """Release a sequence's blocks (resident or swapped out); an unknown id is a no-op, as in the seed.
+
+        A block nobody else holds goes back to the free queue keeping its content key (still findable).
+        """
+        seq_id = as_seq_id(seq_id)
+        table = self._tables.pop(seq_id, None)
+        if table is not None:
+            self._release(table.block_ids)
+            return
+        swapped = self._swapped.pop(seq_id, None)
+        if swapped is not None:
+            self._cpu_free.extend(swapped.block_ids)
+
+    # ------------------------------------------------------------------ grow
+    def append_tokens(self, seq_id: int, num_tokens: int = 1, *, token_ids: TokenIds = None) -> Tuple[int, ...]:
+        """Grow a sequence by ``num_tokens``, adding exactly the blocks it now needs; returns the block ids placed.
+
+        A new block is needed when the first new token's position is a multiple of ``block_size`` (the
+        seed's ``(length + 1) % block_size == 0`` asked one token early). A shared, non-full last block is
+        copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable.
+        """
+        if type(seq_id) is not int:
+            seq_id = as_seq_id(seq_id)
+        try:
+            table = self._tables[seq_id]
+        except KeyError:
+            raise self._missing(seq_id) from None
+        # Fast path, most decode steps: room in an unshared last block, no content tracking.
+        if token_ids is None and type(num_tokens) is int:
+            old_len = table.num_tokens
+            if old_len <= old_len + num_tokens <= table.append_limit:
+                table.num_tokens = old_len + num_tokens
+                return ()
+        return self._grow(seq_id, table, as_count(num_tokens, "num_tokens"), token_ids)
+
+    def append_block_to_sequence(self, seq_id: int) -> int:
+        """The seed's low-level step: reserve one more (empty) block for a sequence whose blocks are full.
+
+        Refused while the last block has room (it would sit empty). Returns the new block id.
+        """
+        table = self.table(seq_id)
+        if table.num_tokens < len(table.block_ids) * self.block_size:
+            raise SequenceStateError(
+                f"sequence {seq_id} still has room: {table.num_tokens} tokens in "
+                f"{len(table.block_ids)} blocks of {self.block_size}"
+            )
+        if not self._free:
+            raise OutOfBlocksError(1, 0, f"append a block to sequence {seq_id}")
+        (block_id,) = self._take_blocks(1)
+        table.block_ids.append(block_id)
+        self._refresh_limit(table)
+        return block_id
+
+    def make_writable(self, seq_id: int, logical_blocks: Iterable[int]) -> Tuple[Tuple[int, int], ...]:
+        """Before a write into these logical blocks, copy each one other tables hold; returns the copies."""
+        table = self.table(seq_id)
+        blocks = self._blocks
+        shared = [i for i in sorted(set(logical_blocks)) if blocks[table.block_ids[i]].ref_count > 1]
+        if len(shared) > len(self._free):
+            raise OutOfBlocksError(len(shared), len(self._free), f"copy shared blocks of sequence {seq_id}")
+        return tuple(self._copy_on_write(table, i) for i in shared)
+
+    # ------------------------------------------------------------------ swap
+    def swap_out(self, seq_id: int) -> Tuple[List[int], List[int]]:
+        """Give a sequence a private CPU block per block it holds, and drop its device blocks (shared ones stay).
+
+        Returns ``(device_ids, cpu_ids)``: the owner copies ``device_ids[i]`` to ``cpu_ids[i]`` at once.
+        """
+        table = self.table(seq_id)
+        n = len(table.block_ids)
+        if n > len(self._cpu_free):
+            raise OutOfBlocksError(n, len(self._cpu_free), f"swap out sequence {seq_id}", pool="CPU")
+        cpu_ids = [self._cpu_free.popleft() for _ in range(n)]
+        device_ids = table.block_ids
+        del self._tables[seq_id]
+        self._release(device_ids)
+        table.block_ids = cpu_ids
+        table.append_limit = 0
+        self._swapped[seq_id] = table
+        return list(device_ids), list(cpu_ids)
+
+    def swap_in(self, seq_id: int) -> Tuple[List[int], List[int]]:
+        """Bring a swapped-out sequence back onto fresh device blocks; returns ``(cpu_ids, device_ids)`` to copy."""
+        table = self._swapped_table(seq_id)
+        n = len(table.block_ids)
+        if n > len(self._free):
+            raise OutOfBlocksError(n, len(self._free), f"swap in sequence {seq_id}")
+        device_ids = self._take_blocks(n)
+        cpu_ids = table.block_ids
+        del self._swapped[seq_id]
+        self._cpu_free.extend(cpu_ids)
+        table.block_ids = device_ids
+        self._register(table, 0)
+        self._refresh_limit(table)
+        self._tables[seq_id] = table
+        return list(cpu_ids), list(device_ids)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block's content key (after new weights); refused while any block is in use."""
+        used = self.num_used_blocks
+        if used:
+            raise BlocksInUseError(f"cannot reset the prefix cache: {used} blocks are in use")
+        dropped = len(self._prefix)
+        for _, block_id in list(self._prefix.items()):
+            self._blocks[block_id].block_hash = None
+        self._prefix.clear()
+        return dropped
+
+    # ------------------------------------------------------------------ lookups
+    def table(self, seq_id: int) -> BlockTable:
+        """The live table of a resident sequence (read it, never change it); typed errors for bad ids."""
+        if type(seq_id) is not int:
+            seq_id = as_seq_id(seq_id)
+        table = self._tables.get(seq_id)
+        if table is None:
+            raise self._missing(seq_id)
+        return table
+
+    def _swapped_table(self, seq_id: int) -> BlockTable:
+        seq_id = as_seq_id(seq_id)
+        table = self._swapped.get(seq_id)
+        if table is None:
+            self.table(seq_id)  # raises for unknown ids
+            raise SequenceStateError(f"sequence {seq_id} is not swapped out")
+        return table
+
+    def _missing(self, seq_id: object) -> Exception:
+        if seq_id in self._swapped:
+            return SequenceStateError(f"sequence {seq_id} is swapped out; swap_in({seq_id}) first")
+        return UnknownSequenceError(f"sequence {seq_id!r} is not allocated")
+
+    def _check_new_id(self, seq_id: int) -> None:
+        if seq_id in self._tables or seq_id in self._swapped:
+            raise DuplicateSequenceError(f"sequence {seq_id} is already allocated")
+
+    # ------------------------------------------------------------------ internals
+    def _plan_prompt(self, num_tokens: int, token_ids: TokenIds, extra_key: ExtraKey) -> PromptPlan:
+        """What allocating a prompt would take (keys, cache hits, blocks from the free queue); changes nothing."""
+        tokens = self._tokens(token_ids, num_tokens)
+        salt = as_extra_key(extra_key)
+        keys = chain_keys(tokens, self.block_size, salt) if tokens is not None else []
+        hits = self._prefix.longest_prefix(keys)
+        hit_free = sum(1 for b in hits if self._blocks[b].ref_count == 0)
+        return PromptPlan(tokens, salt, keys, hits, hit_free, cdiv(num_tokens, self.block_size) - len(hits))
+
+    def _tokens(self, token_ids: TokenIds, expected: int) -> Optional[List[int]]:
+        """Validated token ids, or ``None`` when absent or prefix caching is off."""
+        if token_ids is None:
+            return None
+        tokens = as_token_ids(token_ids, expected)
+        return tokens if self.enable_prefix_caching else None
+
+    def _append_cost(self, table: BlockTable, num_tokens: int) -> Tuple[int, bool]:
+        """(new blocks, whether the shared last block is copied) to grow ``table`` by ``num_tokens``."""
+        ids = table.block_ids
+        old_len = table.num_tokens
+        copy = num_tokens > 0 and old_len < len(ids) * self.block_size and self._blocks[ids[-1]].ref_count > 1
+        return max(0, cdiv(old_len + num_tokens, self.block_size) - len(ids)), copy
+
+    def _grow(self, seq_id: int, table: BlockTable, num_tokens: int, token_ids: TokenIds) -> Tuple[int, ...]:
+        """The checked path of ``append_tokens``: copy-on-write, new blocks, new content keys."""
+        tokens = None if token_ids is None else self._tokens(token_ids, num_tokens)
+        if table.token_ids is None:
+            tokens = None
+        new_len = table.num_tokens + num_tokens
+        needed, copy = self._append_cost(table, num_tokens)
+        if copy + needed > len(self._free):
+            raise OutOfBlocksError(copy + needed, len(self._free), f"grow sequence {seq_id} to {new_len} tokens")
+        placed = [self._copy_on_write(table, len(table.block_ids) - 1)[1]] if copy else []
+        if needed:
+            new_ids = self._take_blocks(needed)
+            table.block_ids += new_ids
+            placed += new_ids
+        table.num_tokens = new_len
+        if tokens is None or table.token_ids is None:
+            table.token_ids = None  # the content is unknown from here on: no more keys
+        else:
+            table.token_ids.extend(tokens)
+            first_new_key = len(table.block_keys)
+            extend_chain(table.block_keys, table.token_ids, self.block_size, table.extra_key)
+            self._register(table, first_new_key)
+        self._refresh_limit(table)
+        return tuple(placed)
+
+    def _copy_on_write(self, table: BlockTable, index: int) -> Tuple[int, int]:
+        """Give the table a private copy of its shared block at logical ``index``."""
+        src = table.block_ids[index]
+        (dst,) = self._take_blocks(1)
+        if self.on_copy is not None:
+            self.on_copy(src, dst)
+        self._blocks[src].ref_count -= 1
+        table.block_ids[index] = dst
+        self._refresh_limit(table)
+        self._copy_log.append((src, dst))
+        self.num_copies += 1
+        return (src, dst)
+
+    def _refresh_limit(self, table: BlockTable) -> None:
+        """Recompute up to what length the fast path of ``append_tokens`` may grow this table."""
+        ids = table.block_ids
+        if table.token_ids is not None or not ids or self._blocks[ids[-1]].ref_count != 1:
+            table.append_limit = table.num_tokens
+        else:
+            table.append_limit = len(ids) * self.block_size
+
+    def _register(self, table: BlockTable, start: int) -> None:
+        """Make the table's full blocks from logical index ``start`` on findable by content."""
+        if table.token_ids is None:
+            return
+        for i in range(start, len(table.block_keys)):
+            key = table.block_keys[i]
+            block = self._blocks[table.block_ids[i]]
+            if block.block_hash is None and key not in self._prefix:
+                block.block_hash = key
+                self._prefix.insert(key, block.block_id)
+
+    def _take_blocks(self, n: int) -> List[int]:
+        """Pop ``n`` blocks off the free queue (the caller checked there are enough); evicts cached content."""
+        ids = self._free.pop_many(n)
+        blocks = self._blocks
+        for block_id in ids:
+            block = blocks[block_id]
+            block.ref_count = 1
+            if block.block_hash is not None:
+                self._prefix.remove(block.block_hash)
+                block.block_hash = None
+        return ids
+
+    def _release(self, block_ids: List[int]) -> None:
+        """Drop one reference to each block; blocks nobody holds join the free queue, tail block first.
+
+        (Tail blocks are then reused before head blocks, which a later prompt is likelier to share.)
+        """
+        blocks = self._blocks
+        released = []
+        for block_id in reversed(block_ids):
+            block = blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                released.append(block_id)
+        self._free.extend(released)
