@@ -171,22 +171,22 @@ def check_growing_allocator(cls: Any) -> None:
 
 
 def serve_through_engine(cls: Any, task: str, *, n: int) -> None:
-    """Generate with ``engine_for`` and the learner's class at block sizes 1, 3 and 16 (a small
-    pool each, so sequences are preempted); tokens must equal the no-cache reference."""
+    """Generate with ``engine_for``, the course's tiny model and the learner's class at block sizes
+    1, 3 and 16 (a small pool each, so sequences are preempted); tokens must equal the no-cache
+    reference."""
     from ..conformance import engine_for
-    from ..model import generate_no_cache
+    from ..model import encode, generate_no_cache, load_tiny_model
 
-    model = TinyTransformer(ModelConfig(), seed=11).eval()
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(1, 256, (length,), generator=gen).tolist() for length in (13, 5, 16)]
+    model = load_tiny_model()
+    prompts = [encode(text) for text in ("When a block is full", "Copy on write", "The free queue hands out")]
     max_new = 6
     temperature = 0.0 if n == 1 else 0.9
     with torch.no_grad():
         want = [[generate_no_cache(model, p, max_new, temperature=temperature, seed=4, sample_index=i)
                  for i in range(n)] for p in prompts]
-        for bs, blocks in ((1, 26 * n + 4), (3, 10 * n + 2), (16, 2 * n + 2)):
+        for bs, blocks in ((1, 31 * n + 4), (3, 11 * n + 2), (16, 3 if n == 1 else 6)):
             call = (f"engine_for(model, {NAME}, num_blocks={blocks}, block_size={bs})"
-                    f".generate(<3 prompts of 13, 5, 16 tokens>, {max_new}, n={n}"
+                    f".generate(<3 prompts of 21, 14, 25 tokens>, {max_new}, n={n}"
                     + (f", temperature={temperature}, seed=4)" if n > 1 else ")"))
             engine = call_learner(engine_for, (model, cls), call, "an engine",
                                   num_blocks=blocks, block_size=bs, watermark=0.0)
