@@ -1,9 +1,10 @@
-"""Allocator throughput: the library's checked allocator against a bare deque allocator of the seed's design.
+"""Allocator throughput: the library's allocator against the seed's deque allocator (``paged_kv_lib.seed``).
 
 A trace of sequences (prompt, then decoding one token at a time, then free), with a
-batch of sequences decoding in turn, is driven through both allocators. The baseline
-checks nothing and counts no tokens (its driver tracks lengths and applies the corrected
-growth rule itself); the library validates every call and keeps the counts. Prints
+batch of sequences decoding in turn, is driven through both allocators. The baseline,
+``SeedAllocator`` without tensors, counts no tokens (its driver tracks lengths and applies
+the corrected growth rule itself) and checks only ids and counts once per allocation; the
+library validates every call and keeps the counts. Prints
 tokens per second for each and the ratio, then the memory a decode step allocates.
 
     python benchmarks/allocator_ops.py [--sequences 4000] [--batch 64] [--repeats 9]
@@ -17,40 +18,10 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections import deque
-from typing import Deque, Dict, List, Tuple
+from typing import List, Tuple
 
 from paged_kv_lib import PagedKVCacheAllocator
-
-
-class DequeAllocator:
-    """The seed's allocator, bookkeeping only: a deque of free ids and a list per sequence."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.block_size = block_size
-        self.ref_counts = [0] * num_blocks
-        self.free_blocks: Deque[int] = deque(range(num_blocks))
-        self.tables: Dict[int, List[int]] = {}
-
-    def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int) -> None:
-        needed = (num_prompt_tokens + self.block_size - 1) // self.block_size
-        table = []
-        for _ in range(needed):
-            block_id = self.free_blocks.popleft()
-            self.ref_counts[block_id] = 1
-            table.append(block_id)
-        self.tables[seq_id] = table
-
-    def append_block_to_sequence(self, seq_id: int) -> None:
-        block_id = self.free_blocks.popleft()
-        self.ref_counts[block_id] = 1
-        self.tables[seq_id].append(block_id)
-
-    def free_sequence(self, seq_id: int) -> None:
-        for block_id in self.tables.pop(seq_id):
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] == 0:
-                self.free_blocks.append(block_id)
+from paged_kv_lib.seed import SeedAllocator
 
 
 def make_trace(num_sequences: int, seed: int) -> List[Tuple[int, int]]:
@@ -59,7 +30,7 @@ def make_trace(num_sequences: int, seed: int) -> List[Tuple[int, int]]:
 
 
 def run_baseline(trace, batch: int, block_size: int, num_blocks: int) -> int:
-    alloc = DequeAllocator(num_blocks, block_size)
+    alloc = SeedAllocator(num_blocks, block_size)  # the seed's design, bookkeeping only
     tokens = 0
     for start in range(0, len(trace), batch):
         group = trace[start : start + batch]
@@ -72,7 +43,7 @@ def run_baseline(trace, batch: int, block_size: int, num_blocks: int) -> int:
             for i, (_, out) in enumerate(group):
                 if step < out:
                     seq_id = start + i
-                    if lengths[seq_id] % block_size == 0:
+                    if lengths[seq_id] % block_size == 0:  # seed.needs_new_block, inlined
                         alloc.append_block_to_sequence(seq_id)
                     lengths[seq_id] += 1
                     tokens += 1
