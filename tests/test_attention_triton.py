@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
-from paged_kv_lib.attention import paged_attention, paged_attention_extend  # noqa: E402
+from paged_kv_lib.attention import paged_attention, paged_attention_extend, triton_kernel  # noqa: E402
 from paged_kv_lib.attention.testing import (  # noqa: E402
     TOLERANCES,
     make_paged_batch,
@@ -28,7 +28,11 @@ from paged_kv_lib.attention.triton_kernel import (  # noqa: E402
     MAX_SPLITS,
     choose_num_splits,
     is_interpreting,
+    max_merge_splits,
+    paged_attention_extend_triton,
     paged_attention_triton,
+    plan_decode,
+    plan_extend,
 )
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -133,6 +137,95 @@ def test_strided_inputs_and_int64_tables():
     assert_matches(out, sdpa_decode(batch), torch.float32)
 
 
+def _rows_swapped_into_hidden_columns(batch):
+    """The batch's table as a view of a wider one whose hidden columns hold the other
+    sequence's real block ids: reading past a row's width would find real K/V there."""
+    width = batch.block_tables.shape[1]
+    wide = torch.full((2, 2 * width), -1, dtype=batch.block_tables.dtype, device=batch.block_tables.device)
+    wide[:, :width] = batch.block_tables
+    wide[0, width:] = batch.block_tables[1]
+    wide[1, width:] = batch.block_tables[0]
+    return wide[:, :width]
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_length_past_its_row_never_reads_another_row(num_splits):
+    """Value checks off (the CUDA default): a length beyond its table row is cut to the row.
+
+    Sequence 0 claims 16 tokens but its row holds 8: the next 8 would come from row 1's
+    blocks if the kernel followed the length. Sequence 1 (the last row) claims 16 too and
+    its row is a view whose hidden columns hold row 0's blocks.
+    """
+    batch = make_paged_batch([8, 8], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4, device=DEVICE)
+    expected = sdpa_decode(batch)  # each sequence over its own 8 tokens
+    too_long = torch.tensor([16, 8], dtype=batch.seq_lens.dtype, device=DEVICE)
+    out = paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, too_long,
+                          backend="triton", num_splits=num_splits, check_values=False)
+    assert_matches(out, expected, torch.float32)
+
+    hidden = _rows_swapped_into_hidden_columns(batch)
+    both_long = torch.tensor([16, 16], dtype=batch.seq_lens.dtype, device=DEVICE)
+    out = paged_attention(batch.q, batch.k_cache, batch.v_cache, hidden, both_long,
+                          backend="triton", num_splits=num_splits, check_values=False)
+    assert_matches(out, expected, torch.float32)
+
+
+def test_length_past_its_row_is_an_error_when_checked():
+    batch = make_paged_batch([8, 8], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4, device=DEVICE)
+    too_long = torch.tensor([16, 8], dtype=batch.seq_lens.dtype, device=DEVICE)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 16 exceeds .* row of 2 blocks of 4 holds \(8\)"):
+        paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, too_long,
+                        backend="triton", check_values=True)
+
+
+def test_extend_length_past_its_row_never_reads_another_row():
+    """The extend kernel cuts keys at the row's end too: the new tokens see only their row."""
+    batch = make_paged_batch([8, 8], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4,
+                             query_lens=[8, 8], device=DEVICE)
+    hidden = _rows_swapped_into_hidden_columns(batch)
+    # Claim 16 tokens, 8 of them new: the new tokens would sit at 8..15, past the row, so
+    # none of them has a readable key; only the row's own 8 keys may ever be touched.
+    both_long = torch.tensor([16, 16], dtype=batch.seq_lens.dtype, device=DEVICE)
+    out = paged_attention_extend(batch.q, batch.k_cache, batch.v_cache, hidden, both_long,
+                                 batch.query_start_loc, backend="triton", check_values=False)
+    # Each new token j (position 8 + j) sees positions 0..7, the whole row.
+    k = [kk for kk in batch.keys]
+    v = [vv for vv in batch.values]
+    expected = torch.cat([
+        torch.nn.functional.scaled_dot_product_attention(
+            batch.q[i * 8:(i + 1) * 8].float().transpose(0, 1)[None], k[i].float()[None], v[i].float()[None],
+        )[0].transpose(0, 1)
+        for i in range(2)
+    ])
+    assert_matches(out, expected, torch.float32)
+
+
+def test_launches_set_fp_fusion_explicitly():
+    """Triton 3.9 warns on stderr at the first compile of a launch that leaves it unset."""
+    batch = make_paged_batch([40, 7], num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=8,
+                             query_lens=[40, 2], device=DEVICE)
+    out = torch.empty_like(batch.q)
+    launches = plan_decode(batch.q[:2], batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                           0.1, out[:2], num_splits=4)
+    launches.append(plan_extend(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                batch.query_start_loc, 0.1, out, max_query_len=40))
+    assert [launch.kernel for launch in launches] == [
+        triton_kernel._paged_decode_kernel, triton_kernel._merge_splits_kernel, triton_kernel._paged_extend_kernel,
+    ]
+    assert all(launch.options["enable_fp_fusion"] is True for launch in launches)
+
+
+def test_merge_split_cap():
+    assert max_merge_splits(64) == 256 and max_merge_splits(128) == 128 and max_merge_splits(256) == 64
+    assert max_merge_splits(80) == 128  # padded to 128 lanes
+    batch = make_paged_batch([300, 5], num_q_heads=2, num_kv_heads=1, head_dim=128, block_size=16, device=DEVICE)
+    out = torch.empty_like(batch.q)
+    launches = plan_decode(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                           0.1, out, num_splits=256)
+    assert launches[0].grid == (2, 1, 128) and launches[1].options["NUM_SPLITS"] == 128
+    assert_matches(decode(batch, num_splits=256), sdpa_decode(batch), torch.float32)
+
+
 def test_choose_num_splits():
     assert choose_num_splits(64, 8, 4096, num_sms=132) == 1  # enough programs already
     assert choose_num_splits(1, 8, 100, num_sms=132) == 1  # too short to split
@@ -197,6 +290,38 @@ def test_extend_max_query_len_given_or_derived():
     expected = sdpa_extend(batch)
     assert_matches(extend(batch), expected, torch.float32)
     assert_matches(extend(batch, max_query_len=40), expected, torch.float32)
+
+
+@pytest.mark.parametrize("hint", [0, 1, 5])
+def test_extend_short_max_query_len_hint_still_covers_every_token(hint):
+    """Value checks off: a hint below the longest query (40) only shrinks the grid; each
+    program loops over its sequence's real query tiles, so no output row stays unwritten."""
+    batch = make_paged_batch([40, 7], num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=4,
+                             query_lens=[40, 2], device=DEVICE)
+    out = extend(batch, max_query_len=hint, check_values=False)
+    assert_matches(out, sdpa_extend(batch), torch.float32)
+
+
+def test_extend_short_max_query_len_hint_is_an_error_when_checked():
+    batch = make_paged_batch([40, 7], num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=4,
+                             query_lens=[40, 2], device=DEVICE)
+    with pytest.raises(ValueError, match="max_query_len=5 is less than the longest query \\(40\\)"):
+        extend(batch, max_query_len=5, check_values=True)
+    with pytest.raises(ValueError, match="max_query_len must be >= 0, got -1"):
+        paged_attention_extend_triton(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
+                                      batch.seq_lens, batch.query_start_loc, 0.1, max_query_len=-1)
+
+
+def test_extend_grid_capped_in_its_second_dimension(monkeypatch):
+    """CUDA allows 65,535 programs in a grid's second dimension; past it, programs take
+    several query tiles each. A cap of 2 exercises the same path on a small batch."""
+    monkeypatch.setattr(triton_kernel, "MAX_GRID_YZ", 2)
+    batch = make_paged_batch([40, 7], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4,
+                             query_lens=[40, 7], device=DEVICE)
+    launch = plan_extend(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                         batch.query_start_loc, 0.1, torch.empty_like(batch.q), max_query_len=40)
+    assert launch.grid[1] == 2 and 40 > 2 * launch.options["BLOCK_Q"]
+    assert_matches(extend(batch), sdpa_extend(batch), torch.float32)
 
 
 # ----------------------------------------------------------------------- CUDA only

@@ -17,7 +17,8 @@ Importing this module imports Triton. On a machine without a GPU, set
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import triton
@@ -32,6 +33,22 @@ LOG2_E = 1.4426950408889634
 PROGRAMS_PER_SM = 2
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
+# What a caller may ask for (``check_num_splits``); the merge caps it by head_dim below.
+MAX_REQUESTED_SPLITS = 256
+# The merge kernel's [num_splits, head_dim] fp32 tile stays in registers up to this many
+# elements with 4 warps on sm_90 (128 x 128: 153 registers); 256 x 256 spilled 4.9 KB a
+# thread (benchmarks/kernel_resources.py).
+MERGE_TILE_ELEMENTS = 16384
+
+# Query rows (query tokens x query heads of a group) per extend tile, by operand dtype.
+EXTEND_ROWS = 64
+EXTEND_ROWS_FP32 = 32
+
+# CUDA limits a grid's second and third dimensions to 65,535 programs.
+MAX_GRID_YZ = 65535
+
+# Fused multiply-add in the compiled kernels (Triton 3.9's default, passed explicitly).
+FP_FUSION = True
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -42,19 +59,23 @@ def _kv_tile_offsets(
     stride_btb,
     pos,  # [BLOCK_N] logical token positions
     in_range,  # [BLOCK_N] which positions this program may read
+    max_blocks,  # the block table's width: entries per row
     num_blocks,
     BLOCK_SIZE: tl.constexpr,
 ):
     """Translate logical positions into (physical block, slot) and say which are readable.
 
-    The block table is only read where ``in_range`` holds, and a block id outside
-    ``[0, num_blocks)`` (a -1 pad, say) is never dereferenced: its token is masked out.
+    The block table is only read where ``in_range`` holds and the entry lies inside this
+    sequence's row (a length longer than the row must not run into the next row), and a
+    block id outside ``[0, num_blocks)`` (a -1 pad, say) is never dereferenced: its token
+    is masked out.
     """
     logical_block = pos // BLOCK_SIZE
+    in_row = in_range & (logical_block < max_blocks)
     physical_block = tl.load(
-        block_tables_ptr + table_row + logical_block * stride_btb, mask=in_range, other=-1
+        block_tables_ptr + table_row + logical_block * stride_btb, mask=in_row, other=-1
     ).to(tl.int64)
-    valid = in_range & (physical_block >= 0) & (physical_block < num_blocks)
+    valid = in_row & (physical_block >= 0) & (physical_block < num_blocks)
     slot = pos % BLOCK_SIZE
     return physical_block, slot, valid
 
@@ -97,7 +118,7 @@ def _online_softmax_step(
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-    scale_log2, num_blocks, num_q_heads, tokens_per_split,
+    scale_log2, num_blocks, max_blocks, num_q_heads,
     stride_qs, stride_qh, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
@@ -117,13 +138,18 @@ def _paged_decode_kernel(
 
     Grid: ``(num_seqs, num_kv_heads, NUM_SPLITS)``. With one split the normalised output
     is written straight to ``out``; otherwise the unnormalised partial sums go to the
-    ``part_*`` buffers for ``_merge_splits_kernel``.
+    ``part_*`` buffers for ``_merge_splits_kernel``. Each sequence is cut into splits by
+    its own length, so a short sequence in a batch of long ones gets short splits.
     """
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    seq_len = tl.load(seq_lens_ptr + seq)
+    # A length the row cannot hold is cut to the row (value checks report it; unchecked,
+    # the kernel must still not read the next sequence's row or past the table).
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int64)
+    seq_len = tl.maximum(tl.minimum(seq_len, max_blocks * BLOCK_SIZE), 0)
+    tokens_per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
 
@@ -147,7 +173,7 @@ def _paged_decode_kernel(
     for tile_start in range(start, end, BLOCK_N):
         pos = tile_start + offs_n
         block, slot, valid = _kv_tile_offsets(
-            block_tables_ptr, seq * stride_bts, stride_btb, pos, pos < end, num_blocks, BLOCK_SIZE
+            block_tables_ptr, seq * stride_bts, stride_btb, pos, pos < end, max_blocks, num_blocks, BLOCK_SIZE
         )
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(
@@ -206,13 +232,13 @@ def _merge_splits_kernel(
 
     part = (seq * num_q_heads + head) * NUM_SPLITS + offs_s
     m = tl.load(part_max_ptr + part)
-    l = tl.load(part_sum_ptr + part)
+    sums = tl.load(part_sum_ptr + part)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=d_mask[None, :], other=0.0)
 
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     weight = tl.exp2(m - m_max)
-    total = tl.sum(weight * l, 0)
+    total = tl.sum(weight * sums, 0)
     out = tl.sum(weight[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
     tl.store(
         out_ptr + seq * stride_os + head * stride_oh + offs_d * stride_od,
@@ -226,7 +252,7 @@ def _merge_splits_kernel(
 def _paged_extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr,
-    scale_log2, num_blocks,
+    scale_log2, num_blocks, max_blocks,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
@@ -236,80 +262,88 @@ def _paged_extend_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two
-    BLOCK_Q: tl.constexpr,  # query tokens per program; BLOCK_Q * BLOCK_G >= 16
+    BLOCK_Q: tl.constexpr,  # query tokens per tile; BLOCK_Q * BLOCK_G >= 16
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Causal attention of ``BLOCK_Q`` new tokens of one sequence (one K/V head's group).
+    """Causal attention of one sequence's new tokens (one K/V head's group), ``BLOCK_Q`` at a time.
 
-    Grid: ``(num_seqs, cdiv(max_query_len, BLOCK_Q), num_kv_heads)``. Row ``r`` of the
-    tile is query token ``r // BLOCK_G`` of this program and query head ``r % BLOCK_G``
-    of the group. New token ``j`` sits at position ``seq_len - query_len + j`` and sees
-    every key at or before it.
+    Grid: ``(num_seqs, programs_per_seq, num_kv_heads)``. Program ``p`` takes this
+    sequence's query tiles ``p, p + programs_per_seq, ...``, so every new token is
+    covered whatever grid the launcher chose (a short ``max_query_len`` hint, or a grid
+    capped at CUDA's 65,535 in its second dimension, only means more tiles per program).
+
+    Row ``r`` of a tile is query token ``r // BLOCK_G`` of the tile and query head
+    ``r % BLOCK_G`` of the group. New token ``j`` sits at position
+    ``seq_len - query_len + j`` and sees every key at or before it.
     """
     seq = tl.program_id(0).to(tl.int64)
-    q_block = tl.program_id(1)
     kv_head = tl.program_id(2)
 
     q_start = tl.load(query_start_loc_ptr + seq).to(tl.int64)
     query_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int64) - q_start
-    seq_len = tl.load(seq_lens_ptr + seq)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int64)
     context_len = seq_len - query_len  # tokens cached before the new ones
+    # Keys past the row's last block do not exist for this sequence (see the decode kernel).
+    key_limit = tl.minimum(seq_len, max_blocks * BLOCK_SIZE)
 
     offs_r = tl.arange(0, BLOCK_Q * BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    q_idx = q_block * BLOCK_Q + offs_r // BLOCK_G
     heads = kv_head * GROUP + offs_r % BLOCK_G
-    row_mask = (q_idx < query_len) & (offs_r % BLOCK_G < GROUP)
+    head_mask = offs_r % BLOCK_G < GROUP
     d_mask = offs_d < HEAD_DIM
-    q_pos = context_len + q_idx
 
-    q = tl.load(
-        q_ptr + (q_start + q_idx)[:, None] * stride_qt + heads[:, None] * stride_qh
-        + offs_d[None, :] * stride_qd,
-        mask=row_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
+    num_q_tiles = tl.cdiv(query_len, BLOCK_Q)
+    for q_tile in range(tl.program_id(1), num_q_tiles, tl.num_programs(1)):
+        q_idx = q_tile * BLOCK_Q + offs_r // BLOCK_G
+        row_mask = (q_idx < query_len) & head_mask
+        q_pos = context_len + q_idx
 
-    m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
-
-    # Keys past the last query of this program are invisible to all its rows.
-    end = tl.minimum(seq_len, context_len + (q_block + 1) * BLOCK_Q)
-    # A program past the end of a short sequence's new tokens has nothing to do.
-    end = tl.where(q_block * BLOCK_Q < query_len, end, 0)
-    for tile_start in range(0, end, BLOCK_N):
-        pos = tile_start + offs_n
-        block, slot, valid = _kv_tile_offsets(
-            block_tables_ptr, seq * stride_bts, stride_btb, pos, pos < end, num_blocks, BLOCK_SIZE
-        )
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_cache_ptr + block[:, None] * stride_kb + kv_head * stride_kh
-            + slot[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-            mask=kv_mask, other=0.0,
-        )
-        v = tl.load(
-            v_cache_ptr + block[:, None] * stride_vb + kv_head * stride_vh
-            + slot[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-            mask=kv_mask, other=0.0,
-        )
-        visible = valid[None, :] & (pos[None, :] <= q_pos[:, None]) & row_mask[:, None]
-        m_i, l_i, acc = _online_softmax_step(
-            q, k, v, visible, m_i, l_i, acc, scale_log2, DOT_IN_FP32, INPUT_PRECISION
+        q = tl.load(
+            q_ptr + (q_start + q_idx)[:, None] * stride_qt + heads[:, None] * stride_qh
+            + offs_d[None, :] * stride_qd,
+            mask=row_mask[:, None] & d_mask[None, :],
+            other=0.0,
         )
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(
-        out_ptr + (q_start + q_idx)[:, None] * stride_ot + heads[:, None] * stride_oh
-        + offs_d[None, :] * stride_od,
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_mask[:, None] & d_mask[None, :],
-    )
+        m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
+
+        # Keys past the last query of this tile are invisible to all its rows.
+        end = tl.minimum(key_limit, context_len + (q_tile + 1) * BLOCK_Q)
+        for tile_start in range(0, end, BLOCK_N):
+            pos = tile_start + offs_n
+            block, slot, valid = _kv_tile_offsets(
+                block_tables_ptr, seq * stride_bts, stride_btb, pos, pos < end, max_blocks, num_blocks,
+                BLOCK_SIZE,
+            )
+            kv_mask = valid[:, None] & d_mask[None, :]
+            k = tl.load(
+                k_cache_ptr + block[:, None] * stride_kb + kv_head * stride_kh
+                + slot[:, None] * stride_kt + offs_d[None, :] * stride_kd,
+                mask=kv_mask, other=0.0,
+            )
+            v = tl.load(
+                v_cache_ptr + block[:, None] * stride_vb + kv_head * stride_vh
+                + slot[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                mask=kv_mask, other=0.0,
+            )
+            visible = valid[None, :] & (pos[None, :] <= q_pos[:, None]) & row_mask[:, None]
+            m_i, l_i, acc = _online_softmax_step(
+                q, k, v, visible, m_i, l_i, acc, scale_log2, DOT_IN_FP32, INPUT_PRECISION
+            )
+
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + (q_start + q_idx)[:, None] * stride_ot + heads[:, None] * stride_oh
+            + offs_d[None, :] * stride_od,
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & d_mask[None, :],
+        )
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -338,6 +372,16 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
 
 
+def max_merge_splits(head_dim: int) -> int:
+    """The most splits the merge kernel takes at ``head_dim`` without spilling registers.
+
+    It holds a ``[num_splits, head_dim]`` fp32 tile across 128 threads; past
+    ``MERGE_TILE_ELEMENTS`` elements (compiled for sm_90) that tile spills to local
+    memory, so larger requests are cut to this many splits.
+    """
+    return max(1, min(MAX_REQUESTED_SPLITS, MERGE_TILE_ELEMENTS // _next_power_of_2(head_dim)))
+
+
 @functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
@@ -364,8 +408,137 @@ def _dot_settings(dtype: torch.dtype) -> tuple:
     return dot_in_fp32, precision
 
 
-def _block_n(head_dim: int) -> int:
-    return 32 if head_dim > 128 else 64
+def decode_config(dtype: torch.dtype, head_dim: int) -> Dict[str, int]:
+    """Default ``block_n``, ``num_warps`` and ``num_stages`` of the decode kernel.
+
+    fp32 at head_dim 256 gets 8 warps: with 4 it spilled about 6 KB a thread on sm_90.
+    """
+    num_warps = 8 if dtype == torch.float32 and head_dim > 128 else 4
+    return dict(block_n=32 if head_dim > 128 else 64, num_warps=num_warps, num_stages=2)
+
+
+def extend_config(dtype: torch.dtype, head_dim: int, group: int, max_query_len: int) -> Dict[str, int]:
+    """Default tile shape and launch settings of the extend kernel.
+
+    A tile has ``block_q * next_pow2(group)`` query rows, each with a ``head_dim`` fp32
+    accumulator. fp32 operands take twice the registers of 16-bit ones, so fp32 gets half
+    the rows and fewer keys per tile; from ``head_dim`` 128 up, 8 warps share the
+    accumulators. These are the largest tiles that compiled for sm_90 without spilling
+    (``benchmarks/kernel_resources.py``); the old fp32 tiles took 255 registers and up to
+    9 KB of stack a thread at head_dim 128.
+    """
+    block_g = _next_power_of_2(group)
+    rows = EXTEND_ROWS_FP32 if dtype == torch.float32 else EXTEND_ROWS
+    # Fewer query tokens when the group is wide, never fewer than tl.dot's 16 rows, and
+    # no more tokens than the longest query needs.
+    block_q = max(1, rows // block_g)
+    block_q = min(block_q, max(_next_power_of_2(max(1, max_query_len)), -(-16 // block_g)))
+    if dtype == torch.float32:
+        block_n = 16 if 64 < head_dim <= 128 else 32
+    else:
+        block_n = 32 if head_dim > 128 else 64
+    return dict(block_q=block_q, block_n=block_n, num_warps=8 if head_dim >= 128 else 4, num_stages=2)
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel call, fully decided: kernel, grid, arguments and launch options.
+
+    The launchers run these; a compile-only check (``kernel.warmup``) can build the very
+    same calls from placeholder tensors and compile them for a GPU that is not there.
+    """
+
+    kernel: Any
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+    options: Dict[str, Any]
+
+    def run(self) -> None:
+        self.kernel[self.grid](*self.args, **self.options)
+
+
+def _launch_options(constexprs: Dict[str, Any], num_warps: int, num_stages: int) -> Dict[str, Any]:
+    # enable_fp_fusion is passed explicitly: Triton 3.9 warns on stderr when a launch leaves
+    # it unset (its default flips in 3.10), and fused multiply-adds are what we measured.
+    return dict(constexprs, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=FP_FUSION)
+
+
+def plan_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    num_splits: Optional[int] = None,
+    block_n: Optional[int] = None,
+    num_warps: Optional[int] = None,
+    num_stages: Optional[int] = None,
+) -> List[KernelLaunch]:
+    """The kernel calls of one decode step into ``out``: the attention kernel, then (with
+    more than one split) the merge. Allocates the split partial buffers."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_blocks, num_kv_heads, block_size, _ = k_cache.shape
+    max_blocks = block_tables.shape[1]
+    config = decode_config(q.dtype, head_dim)
+    block_n = block_n or config["block_n"]
+    if num_splits is None:
+        # The table width bounds every sequence's length without reading seq_lens (a sync).
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_blocks * block_size, _num_sms(q.device))
+    num_splits = min(num_splits, max_merge_splits(head_dim))
+
+    if num_splits == 1:
+        part_acc = part_max = part_sum = out  # unused by the kernel
+    else:
+        part_acc = torch.empty((num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_max = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+        part_sum = torch.empty_like(part_max)
+
+    group = num_q_heads // num_kv_heads
+    dot_in_fp32, precision = _dot_settings(q.dtype)
+    launches = [
+        KernelLaunch(
+            _paged_decode_kernel,
+            (num_seqs, num_kv_heads, num_splits),
+            (
+                q, k_cache, v_cache, block_tables, seq_lens,
+                out, part_acc, part_max, part_sum,
+                scale * LOG2_E, num_blocks, max_blocks, num_q_heads,
+                *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+            ),
+            _launch_options(
+                dict(
+                    GROUP=group,
+                    HEAD_DIM=head_dim,
+                    BLOCK_SIZE=block_size,
+                    BLOCK_G=max(16, _next_power_of_2(group)),
+                    BLOCK_D=_next_power_of_2(head_dim),
+                    BLOCK_N=block_n,
+                    NUM_SPLITS=num_splits,
+                    DOT_IN_FP32=dot_in_fp32,
+                    INPUT_PRECISION=precision,
+                ),
+                num_warps or config["num_warps"],
+                num_stages or config["num_stages"],
+            ),
+        )
+    ]
+    if num_splits > 1:
+        launches.append(
+            KernelLaunch(
+                _merge_splits_kernel,
+                (num_seqs, num_q_heads),
+                (out, part_acc, part_max, part_sum, num_q_heads, *out.stride()),
+                _launch_options(
+                    dict(HEAD_DIM=head_dim, BLOCK_D=_next_power_of_2(head_dim), NUM_SPLITS=num_splits),
+                    num_warps=4,
+                    num_stages=1,
+                ),
+            )
+        )
+    return launches
 
 
 def paged_attention_triton(
@@ -378,66 +551,78 @@ def paged_attention_triton(
     *,
     num_splits: Optional[int] = None,
     block_n: Optional[int] = None,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    num_warps: Optional[int] = None,
+    num_stages: Optional[int] = None,
 ) -> torch.Tensor:
     """Launch decode attention; inputs are assumed valid (``paged_attention`` checks them).
 
     ``num_splits=None`` lets ``choose_num_splits`` decide, bounding the context by the
-    block table's width so no device sync is needed. ``block_n``, ``num_warps`` and
-    ``num_stages`` are tuning knobs.
+    block table's width so no device sync is needed; any count is cut to
+    ``max_merge_splits(head_dim)``. ``block_n``, ``num_warps`` and ``num_stages`` override
+    ``decode_config``. Unchecked inputs stay memory-safe: a length past its table row is
+    cut to the row, and an out-of-range block id drops its tokens.
     """
     _check_device(q)
-    num_seqs, num_q_heads, head_dim = q.shape
-    num_blocks, num_kv_heads, block_size, _ = k_cache.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if num_seqs == 0:
+    if q.shape[0] == 0:
         return out
-
-    block_n = block_n or _block_n(head_dim)
-    if num_splits is None:
-        max_context = block_tables.shape[1] * block_size
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, _num_sms(q.device))
-    max_context = block_tables.shape[1] * block_size
-    tokens_per_split = -(-max(1, -(-max_context // num_splits)) // block_n) * block_n
-
-    if num_splits == 1:
-        part_acc = part_max = part_sum = out  # unused by the kernel
-    else:
-        part_acc = torch.empty((num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-        part_max = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
-        part_sum = torch.empty_like(part_max)
-
-    group = num_q_heads // num_kv_heads
-    dot_in_fp32, precision = _dot_settings(q.dtype)
-    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens,
-        out, part_acc, part_max, part_sum,
-        scale * LOG2_E, num_blocks, num_q_heads, tokens_per_split,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        BLOCK_G=max(16, _next_power_of_2(group)),
-        BLOCK_D=_next_power_of_2(head_dim),
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
-        DOT_IN_FP32=dot_in_fp32,
-        INPUT_PRECISION=precision,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
-    if num_splits > 1:
-        _merge_splits_kernel[(num_seqs, num_q_heads)](
-            out, part_acc, part_max, part_sum,
-            num_q_heads,
-            *out.stride(),
-            HEAD_DIM=head_dim,
-            BLOCK_D=_next_power_of_2(head_dim),
-            NUM_SPLITS=num_splits,
-            num_warps=4,
-        )
+    for launch in plan_decode(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, out,
+        num_splits=num_splits, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+    ):
+        launch.run()
     return out
+
+
+def plan_extend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    max_query_len: int,
+    block_n: Optional[int] = None,
+    num_warps: Optional[int] = None,
+    num_stages: Optional[int] = None,
+) -> KernelLaunch:
+    """The extend kernel call into ``out``; ``max_query_len`` only sizes the grid and tiles."""
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_blocks, num_kv_heads, block_size, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    group = num_q_heads // num_kv_heads
+    config = extend_config(q.dtype, head_dim, group, max_query_len)
+    block_q = config["block_q"]
+    dot_in_fp32, precision = _dot_settings(q.dtype)
+    programs_per_seq = min(max(1, triton.cdiv(max_query_len, block_q)), MAX_GRID_YZ)
+    return KernelLaunch(
+        _paged_extend_kernel,
+        (num_seqs, programs_per_seq, num_kv_heads),
+        (
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+            out,
+            scale * LOG2_E, num_blocks, block_tables.shape[1],
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+        ),
+        _launch_options(
+            dict(
+                GROUP=group,
+                HEAD_DIM=head_dim,
+                BLOCK_SIZE=block_size,
+                BLOCK_G=_next_power_of_2(group),
+                BLOCK_Q=block_q,
+                BLOCK_D=_next_power_of_2(head_dim),
+                BLOCK_N=block_n or config["block_n"],
+                DOT_IN_FP32=dot_in_fp32,
+                INPUT_PRECISION=precision,
+            ),
+            num_warps or config["num_warps"],
+            num_stages or config["num_stages"],
+        ),
+    )
 
 
 def paged_attention_extend_triton(
@@ -452,57 +637,43 @@ def paged_attention_extend_triton(
     max_query_len: Optional[int] = None,
     block_n: Optional[int] = None,
     num_warps: Optional[int] = None,
-    num_stages: int = 2,
+    num_stages: Optional[int] = None,
 ) -> torch.Tensor:
     """Launch extend attention; inputs are assumed valid (``paged_attention_extend`` checks).
 
     ``max_query_len`` sizes the grid; when ``None`` it is read from ``query_start_loc``
-    (a device sync on GPU).
+    (a device sync on GPU). A hint below the true longest query costs speed, never
+    correctness: each program loops over its sequence's query tiles by their real count.
     """
     _check_device(q)
-    total_q, num_q_heads, head_dim = q.shape
-    num_blocks, num_kv_heads, block_size, _ = k_cache.shape
+    if max_query_len is not None and max_query_len < 0:
+        raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
+    num_kv_heads = k_cache.shape[1]
     num_seqs = seq_lens.shape[0]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if total_q == 0 or num_seqs == 0:
+    if q.shape[0] == 0 or num_seqs == 0:
         return out
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    if max_query_len == 0:
-        return out
-
-    group = num_q_heads // num_kv_heads
-    block_g = _next_power_of_2(group)
-    # 64 rows per tile, fewer query tokens when the group is wide, and at least 16 rows.
-    block_q = max(1, 64 // block_g)
-    block_q = min(block_q, max(_next_power_of_2(max_query_len), -(-16 // block_g)))
-    dot_in_fp32, precision = _dot_settings(q.dtype)
-    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
-    _paged_extend_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        out,
-        scale * LOG2_E, num_blocks,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        BLOCK_G=block_g,
-        BLOCK_Q=block_q,
-        BLOCK_D=_next_power_of_2(head_dim),
-        BLOCK_N=block_n or _block_n(head_dim),
-        DOT_IN_FP32=dot_in_fp32,
-        INPUT_PRECISION=precision,
-        # Up to 64 query rows of accumulators: wide heads need more threads to hold them.
-        num_warps=num_warps or (8 if head_dim > 128 else 4),
-        num_stages=num_stages,
-    )
+    if num_kv_heads > MAX_GRID_YZ:
+        raise ValueError(f"num_kv_heads = {num_kv_heads} exceeds the grid limit of {MAX_GRID_YZ}")
+    plan_extend(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+        max_query_len=max_query_len, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+    ).run()
     return out
 
 
 __all__ = [
     "LOG2_E",
+    "KernelLaunch",
     "choose_num_splits",
+    "decode_config",
+    "extend_config",
     "is_interpreting",
+    "max_merge_splits",
     "paged_attention_extend_triton",
     "paged_attention_triton",
+    "plan_decode",
+    "plan_extend",
 ]
