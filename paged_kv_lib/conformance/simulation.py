@@ -12,7 +12,8 @@ back, gives a row that says what that costs.
 The adapter also watches the contract as it goes: a call that returns the wrong kind
 of value, or a refusal (``RuntimeError``) that changed the free-block count, stops the
 run with an ``AssertionError`` naming the call; with ``check=True`` every step also
-checks that each sequence holds exactly ceil(tokens / block_size) distinct blocks.
+checks that each sequence holds exactly ceil(tokens / block_size) distinct blocks, after
+every call and at every step.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def _is_int(value: Any) -> bool:
 class _Bookkeeping:
     """The learner's object, seen through the calls ``PagedMemory`` makes on the library's allocator."""
 
-    def __init__(self, cls: Any, num_blocks: int, block_size: int, label: str) -> None:
+    def __init__(self, cls: Any, num_blocks: int, block_size: int, label: str, strict: bool = False) -> None:
         self.label = label
+        self.strict = strict  # check each sequence's block count after every call
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.inner = cls(num_blocks, block_size)
@@ -87,6 +89,9 @@ class _Bookkeeping:
     def allocate_for_sequence(self, seq_id: int, num_tokens: int) -> None:
         self.inner.allocate_for_sequence(seq_id, num_tokens)
         self.tokens[seq_id] = num_tokens
+        if self.strict:
+            self._check_sequence(seq_id, num_tokens, f"after {self.label}.allocate_for_sequence({seq_id}, "
+                                                     f"{num_tokens})")
 
     def append_tokens(self, seq_id: int, num_tokens: int = 1) -> list[int]:
         call = f"{self.label}.append_tokens({seq_id}, {num_tokens})"
@@ -105,11 +110,20 @@ class _Bookkeeping:
             raise AssertionError(f"{call} returned {new_blocks!r}: expected the list of block ids it took "
                                  "(an empty list when no block was needed)")
         self.tokens[seq_id] += num_tokens
+        if self.strict:
+            self._check_sequence(seq_id, self.tokens[seq_id], f"after {call}")
         return new_blocks
 
     def free_sequence(self, seq_id: int) -> None:
         self.inner.free_sequence(seq_id)
         self.tokens.pop(seq_id, None)
+
+    def _check_sequence(self, seq_id: int, tokens: int, when: str) -> None:
+        held, needed = len(self.get_block_mapping(seq_id)), self.blocks_needed(tokens)
+        if held != needed:
+            more = "more" if held > needed else "fewer"
+            raise AssertionError(f"{when}: sequence {seq_id} holds {tokens} tokens in {held} blocks of "
+                                 f"{self.block_size}, expected {needed} ({more} blocks than its tokens need)")
 
     def check_invariants(self) -> None:
         """Every sequence holds ceil(tokens / block_size) distinct blocks, and used + free == total."""
@@ -118,8 +132,10 @@ class _Bookkeeping:
         for seq_id, tokens in self.tokens.items():
             mapping = self.get_block_mapping(seq_id)
             if len(mapping) != self.blocks_needed(tokens):
+                more = "more" if len(mapping) > self.blocks_needed(tokens) else "fewer"
                 raise AssertionError(f"{self.label}: sequence {seq_id} holds {tokens} tokens in {len(mapping)} "
-                                     f"blocks of {self.block_size}, expected {self.blocks_needed(tokens)}")
+                                     f"blocks of {self.block_size}, expected {self.blocks_needed(tokens)} "
+                                     f"({more} blocks than its tokens need)")
             for block in mapping:
                 if not 0 <= block < self.num_blocks or block in seen:
                     raise AssertionError(f"{self.label}: block {block} of sequence {seq_id} is out of range "
@@ -134,10 +150,10 @@ class _Bookkeeping:
 class _LearnerPagedMemory(PagedMemory):
     """The simulator's paged memory model with the learner's bookkeeping in place of the library's."""
 
-    def __init__(self, cls: Any, capacity_tokens: int, block_size: int, label: str) -> None:
+    def __init__(self, cls: Any, capacity_tokens: int, block_size: int, label: str, strict: bool = False) -> None:
         super().__init__(capacity_tokens, block_size)  # validates the sizes, sets up the counters
         self.name = label
-        self.allocator = _Bookkeeping(cls, capacity_tokens // block_size, block_size, label)  # type: ignore[assignment]
+        self.allocator = _Bookkeeping(cls, capacity_tokens // block_size, block_size, label, strict)  # type: ignore[assignment]
 
 
 def _label(cls: Any) -> str:
@@ -181,6 +197,6 @@ def simulate(
                                           progress=progress, check=check))
             continue
         for size in sizes:
-            memory = _LearnerPagedMemory(entry, capacity_tokens, size, _label(entry))
+            memory = _LearnerPagedMemory(entry, capacity_tokens, size, _label(entry), strict=check)
             results.append(run_schedule(workload, memory, progress=progress, check=check))  # type: ignore[arg-type]
     return results

@@ -9,15 +9,34 @@ snapshots, the averages of its ``SimResult``. A few tiny cases are verified by h
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from ..simulate import PARTS, StepSnapshot, make_memory, make_workload, run_schedule
+from ..simulate import (
+    PARTS,
+    StepSnapshot,
+    make_memory,
+    make_workload,
+    requests_from_lengths,
+    run_schedule,
+)
 from ..simulate.reservation import RESERVATIONS, reservation_size
-from ._common import call_learner, expect_equal, expect_raises, fail, is_int, passed
+from ._common import (
+    CheckFailure,
+    call_learner,
+    expect_equal,
+    expect_raises,
+    fail,
+    is_int,
+    not_written,
+    passed,
+)
 
-Running = List[Tuple[int, int, int]]
-State = Tuple[int, Running, List[int], Optional[int]]  # capacity, running, free_holes, first_waiting
+Running = list[tuple[int, int, int]]
+State = tuple[int, Running, list[int], int | None]  # capacity, running, free_holes, first_waiting
 
 
 # --------------------------------------------------------------------------- 08.1
@@ -60,6 +79,14 @@ def check_reservation_slots(reservation_slots: Callable[[str, int, int, int], in
         call = f"reservation_slots({kind!r}, prompt_len=10, output_len=5, max_len=2048)"
         expect_raises(reservation_slots, (kind, 10, 5, 2048), call, ValueError,
                        "an unknown kind must raise ValueError, not return a number (or None)")
+    for kind in RESERVATIONS:
+        for p, o in ((10, 0), (0, 5), (7, -1)):
+            call = f"reservation_slots({kind!r}, prompt_len={p}, output_len={o}, max_len=2048)"
+            what = "output_len" if o < 1 else "prompt_len"
+            expect_raises(reservation_slots, (kind, p, o, 2048), call, ValueError,
+                          f"{what}={min(p, o)} is not a request (every request has a prompt and generates at least "
+                          "one token, and workloads refuse anything else): raise ValueError rather than reserve "
+                          "for it; watch what a power-of-two rounding does with 0")
     passed("08.1")
 
 
@@ -110,14 +137,15 @@ _RUNS = [  # (workload, requests, seed, capacity, allocator, block size, fit, ma
 ]
 
 
-def _simulated_states() -> Iterator[Tuple[str, State, StepSnapshot]]:
+def _simulated_states() -> Iterator[tuple[str, State, StepSnapshot]]:
     """(description, learner inputs, the scheduler's snapshot) for the steps of a few small runs."""
     for name, n, seed, capacity, kind, block_size, fit, max_len in _RUNS:
         workload = make_workload(name, n, seed=seed, max_len=max_len)
         memory = _Recorder(make_memory(kind, capacity, block_size=block_size, max_len=max_len, fit=fit))
-        found: List[Tuple[State, StepSnapshot]] = []
+        found: list[tuple[State, StepSnapshot]] = []
 
-        def record(snap: StepSnapshot) -> None:
+        def record(snap: StepSnapshot, memory: _Recorder = memory, kind: str = kind,
+                   found: list = found) -> None:
             found.append((_state_of(memory.memory, kind, memory.running, memory.waiting, snap.step), snap))
 
         run_schedule(workload, memory, on_step=record)
@@ -126,8 +154,8 @@ def _simulated_states() -> Iterator[Tuple[str, State, StepSnapshot]]:
             yield f"{name}-like run, {where}, capacity {capacity}, step {snap.step}", state, snap
 
 
-def _hand_states() -> List[Tuple[str, State, Dict[str, int]]]:
-    def parts(tokens: int, reserved: int, internal: int, external: int, free: int) -> Dict[str, int]:
+def _hand_states() -> list[tuple[str, State, dict[str, int]]]:
+    def parts(tokens: int, reserved: int, internal: int, external: int, free: int) -> dict[str, int]:
         return dict(zip(PARTS, (tokens, reserved, internal, external, free)))
 
     return [
@@ -154,7 +182,7 @@ _PART_HINTS = {
 }
 
 
-def _compare_parts(call: str, want: Dict[str, int], got: Any) -> None:
+def _compare_parts(call: str, want: dict[str, int], got: Any) -> None:
     if not isinstance(got, dict) or set(got) != set(PARTS):
         raise fail(call, want, got, f"return a dict with exactly the keys {list(PARTS)}")
     for key in PARTS:
@@ -173,7 +201,7 @@ def _show(state: State) -> str:
             f"free_holes={hole_text}, first_waiting={first})")
 
 
-def check_memory_parts(memory_parts: Callable[[int, Running, List[int], Optional[int]], Dict[str, int]]) -> None:
+def check_memory_parts(memory_parts: Callable[[int, Running, list[int], int | None], dict[str, int]]) -> None:
     """Task 08.2: ``memory_parts(capacity, running, free_holes, first_waiting)`` -> the five parts."""
     for what, state, want in _hand_states():
         call = f"{_show(state)}   [{what}]"
@@ -197,7 +225,7 @@ def _snap(step: int, parts: Sequence[int], running: int, waiting: int) -> StepSn
     return StepSnapshot(step, *parts, running=running, waiting=waiting)
 
 
-def _averaging_cases() -> Iterator[Tuple[str, List[StepSnapshot], int, Dict[str, float]]]:
+def _averaging_cases() -> Iterator[tuple[str, list[StepSnapshot], int, dict[str, float]]]:
     # By hand: two loaded steps (waiting > 0) among unloaded ones; only the loaded count.
     snaps = [
         _snap(0, (10, 20, 30, 0, 40), running=1, waiting=0),
@@ -220,7 +248,7 @@ def _averaging_cases() -> Iterator[Tuple[str, List[StepSnapshot], int, Dict[str,
     ]
     for name, n, seed, rate, capacity, kind, block_size in runs:
         workload = make_workload(name, n, seed=seed, rate=rate)
-        snaps: List[StepSnapshot] = []
+        snaps: list[StepSnapshot] = []
         result = run_schedule(workload, make_memory(kind, capacity, block_size=block_size), on_step=snaps.append)
         want = {key: getattr(result, key) for key in _AVERAGE_KEYS}
         what = (f"the {len(snaps)} snapshots of a run of {name}-like requests under {kind}, capacity {capacity}"
@@ -228,7 +256,7 @@ def _averaging_cases() -> Iterator[Tuple[str, List[StepSnapshot], int, Dict[str,
         yield what, snaps, capacity, want
 
 
-def check_time_averaged(time_averaged: Callable[[List[StepSnapshot], int], Dict[str, float]]) -> None:
+def check_time_averaged(time_averaged: Callable[[list[StepSnapshot], int], dict[str, float]]) -> None:
     """Task 08.3: ``time_averaged(snapshots, capacity)`` -> the averaged fractions and the mean batch."""
     for what, snaps, capacity, want in _averaging_cases():
         call = f"time_averaged(<{what}>, capacity={capacity})"
@@ -253,3 +281,71 @@ def check_time_averaged(time_averaged: Callable[[List[StepSnapshot], int], Dict[
     expect_raises(time_averaged, ([], 100), call, ValueError,
                    "with no snapshots there is nothing to average: raise ValueError")
     passed("08.3")
+
+
+# --------------------------------------------------------------------------- 08.4
+def _small_workloads() -> Iterator[tuple[str, Any, int, int]]:
+    """(what, workload, capacity, block size): short requests, so a run makes about a thousand calls."""
+    gen = random.Random(8)
+    lengths = [(gen.randint(1, 40), gen.randint(1, 30)) for _ in range(30)]
+    yield ("30 short requests, block size 4, a tight pool (preemptions)",
+           requests_from_lengths(lengths, rate=4.0, seed=1, max_len=128), 160, 4)
+    lengths = [(gen.randint(1, 60), gen.randint(1, 20)) for _ in range(20)]
+    yield ("20 short requests, block size 16, a pool of 410 slots (not a whole number of blocks)",
+           requests_from_lengths(lengths, rate=2.0, seed=2, max_len=128), 410, 16)
+    lengths = [(gen.randint(1, 12), gen.randint(1, 12)) for _ in range(12)]
+    yield "12 tiny requests, block size 1", requests_from_lengths(lengths, rate=3.0, seed=3, max_len=64), 40, 1
+
+
+def _row(result: Any) -> dict[str, Any]:
+    return {"token_states": round(result.token_states, 4), "reserved": round(result.reserved, 4),
+            "internal": round(result.internal, 4), "mean_batch": round(result.mean_batch, 3),
+            "preemptions": result.preemptions, "steps": result.steps}
+
+
+def check_allocator_in_simulation(MyAllocator: Any) -> None:
+    """Task 08.4: the learner's allocator class, run by the simulator, gives exactly the ``paged`` row."""
+    from ..conformance import simulate as simulate_with_class
+    from ..simulate import simulate
+
+    for what, workload, capacity, block_size in _small_workloads():
+        (want,) = simulate(workload, capacity, allocators=["paged"], block_size=block_size)
+        call = (f"simulate(<{what}>, capacity_tokens={capacity}, allocators=[MyAllocator], "
+                f"block_size={block_size})")
+        try:
+            (got,) = simulate_with_class(workload, capacity, allocators=[MyAllocator], block_size=block_size)
+        except CheckFailure:
+            raise
+        except NotImplementedError as exc:
+            raise not_written(exc) from None
+        except AssertionError as exc:  # the adapter saw the contract broken
+            raise fail(call, "the paged row", f"it stopped: {exc}",
+                       "the simulator checks the contract as it runs: read what it caught") from None
+        except RuntimeError as exc:
+            raise fail(call, "the paged row", f"it raised {type(exc).__name__}: {exc}",
+                       "the pool ran out where the library's did not: are blocks given back when a sequence "
+                       "is freed (or preempted), and is a refused call free of side effects?") from None
+        except Exception as exc:  # noqa: BLE001 - the learner's bug, reported as a failed check
+            raise fail(call, "the paged row", f"it raised {type(exc).__name__}: {exc}",
+                       "your class raised where the library's allocator did not") from None
+        if _row(got) == _row(want) and dataclasses.replace(got, allocator=want.allocator) == want:
+            continue
+        detail = ""
+        try:
+            simulate_with_class(workload, capacity, allocators=[MyAllocator], block_size=block_size, check=True)
+        except AssertionError as exc:
+            detail = f"\n  replayed with check=True, it stops at: {str(exc).splitlines()[0]}"
+        except Exception as exc:  # noqa: BLE001 - the row above already shows the difference
+            detail = f"\n  replayed with check=True, it raised {type(exc).__name__}: {exc}"
+        if "more blocks than" in detail or got.reserved + got.internal > want.reserved + want.internal + 1e-12:
+            hint = ("your allocator holds more slots than the library's for the same tokens: does it take a new "
+                    "block before the last one is full, or too many blocks for a prompt?")
+        elif "fewer blocks than" in detail:
+            hint = "your allocator holds fewer blocks than its tokens need: some token has no slot"
+        elif got.token_states != want.token_states or got.preemptions != want.preemptions:
+            hint = ("the pool fills at other moments than the library's: compare num_free_blocks and the blocks "
+                    "returned by append_tokens with the contract")
+        else:
+            hint = "the run differs from the library's: compare your class with the contract call by call"
+        raise fail(call + detail, _row(want), _row(got), hint)
+    passed("08.4")

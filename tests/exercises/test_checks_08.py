@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import pytest
-
-from paged_kv_lib.grading import check_memory_parts, check_reservation_slots, check_time_averaged
-
 from check_helpers import fails, not_implemented, passes
 
+from paged_kv_lib.grading import (
+    check_allocator_in_simulation,
+    check_memory_parts,
+    check_reservation_slots,
+    check_time_averaged,
+)
 
 
-
-@pytest.mark.parametrize("check", [check_reservation_slots, check_memory_parts, check_time_averaged])
+@pytest.mark.parametrize(
+    "check", [check_reservation_slots, check_memory_parts, check_time_averaged, check_allocator_in_simulation]
+)
 def test_an_untouched_task_raises_not_implemented(check):
     with pytest.raises(NotImplementedError):
         check(not_implemented)
@@ -19,6 +23,8 @@ def test_an_untouched_task_raises_not_implemented(check):
 
 # --------------------------------------------------------------------------- 08.1
 def reservation_slots(kind, prompt_len, output_len, max_len):
+    if kind in ("orca-max", "orca-pow2", "orca-oracle") and min(prompt_len, output_len) < 1:
+        raise ValueError("a request has a prompt and generates at least one token")
     if kind == "orca-max":
         return max_len
     if kind == "orca-pow2":
@@ -54,6 +60,16 @@ def max_is_total(kind, p, o, m):  # orca-max reserving the request's own length
     return p + o if kind == "orca-max" else reservation_slots(kind, p, o, m)
 
 
+def output_zero_accepted(kind, p, o, m):  # the bit_length rule gives p + 2 for o == 0
+    if kind == "orca-max":
+        return m
+    if kind == "orca-pow2":
+        return min(p + (1 << (o - 1).bit_length()), m)
+    if kind == "orca-oracle":
+        return p + o
+    raise ValueError(kind)
+
+
 def unknown_returns_none(kind, p, o, m):
     if kind in ("orca-max", "orca-pow2", "orca-oracle"):
         return reservation_slots(kind, p, o, m)
@@ -62,10 +78,15 @@ def unknown_returns_none(kind, p, o, m):
 
 @pytest.mark.parametrize(
     "wrong",
-    [pow2_of_total, pow2_uncapped, pow2_one_too_far, pow2_float, max_is_total, unknown_returns_none],
+    [pow2_of_total, pow2_uncapped, pow2_one_too_far, pow2_float, max_is_total, unknown_returns_none,
+     output_zero_accepted],
 )
 def test_reservation_slots_wrong(wrong):
     fails(check_reservation_slots, wrong)
+
+
+def test_output_length_zero_is_named():
+    assert "output_len=0 is not a request" in fails(check_reservation_slots, output_zero_accepted)
 
 
 # --------------------------------------------------------------------------- 08.2
@@ -155,3 +176,121 @@ def test_time_averaged_wrong(variant):
 def test_time_averaged_hint_names_the_loaded_steps():
     message = fails(check_time_averaged, lambda snaps, cap: time_averaged(snaps, cap, variant="all-steps"))
     assert "waiting > 0" in message
+
+
+# --------------------------------------------------------------------------- 08.4
+class MyAllocator:
+    """A bookkeeping-only allocator in the course's contract (what exercises 02-06 build)."""
+
+    def __init__(self, num_blocks, block_size):
+        self.block_size = block_size
+        self.free = list(range(num_blocks))
+        self.refs = {}
+        self.tables = {}
+        self.tokens = {}
+
+    @property
+    def num_free_blocks(self):
+        return len(self.free)
+
+    def _take(self, count):
+        if count > len(self.free):
+            raise RuntimeError(f"need {count} blocks, {len(self.free)} free")
+        taken, self.free = self.free[:count], self.free[count:]
+        for b in taken:
+            self.refs[b] = 1
+        return taken
+
+    def allocate_for_sequence(self, seq_id, num_prompt_tokens):
+        if seq_id in self.tables:
+            raise ValueError(seq_id)
+        self.tables[seq_id] = self._take(-(-num_prompt_tokens // self.block_size))
+        self.tokens[seq_id] = num_prompt_tokens
+
+    def append_tokens(self, seq_id, num_tokens=1):
+        table, n = self.tables[seq_id], self.tokens[seq_id]
+        copy = bool(table) and n % self.block_size != 0 and self.refs[table[-1]] > 1
+        taken = self._take(-(-(n + num_tokens) // self.block_size) - len(table) + copy)
+        if copy:
+            self.refs[table[-1]] -= 1
+            table[-1] = taken[0]
+        table.extend(taken[copy:])
+        self.tokens[seq_id] = n + num_tokens
+        return taken
+
+    def free_sequence(self, seq_id):
+        for b in reversed(self.tables.pop(seq_id, [])):
+            self.refs[b] -= 1
+            if not self.refs[b]:
+                self.free.append(b)
+        self.tokens.pop(seq_id, None)
+
+    def get_block_mapping(self, seq_id):
+        return list(self.tables[seq_id])
+
+    def fork(self, parent_seq_id, child_seq_id):
+        self.tables[child_seq_id] = list(self.tables[parent_seq_id])
+        self.tokens[child_seq_id] = self.tokens[parent_seq_id]
+        for b in self.tables[child_seq_id]:
+            self.refs[b] += 1
+
+
+class OneBlockEarly(MyAllocator):
+    """The seed's growth rule: a new block as soon as the count reaches a multiple of the block size."""
+
+    def append_tokens(self, seq_id, num_tokens=1):
+        n = self.tokens[seq_id] + num_tokens
+        taken = self._take(n // self.block_size + 1 - len(self.tables[seq_id]))
+        self.tables[seq_id].extend(taken)
+        self.tokens[seq_id] = n
+        return taken
+
+
+class PromptPlusOne(MyAllocator):
+    """n // block_size + 1 blocks for a prompt."""
+
+    def allocate_for_sequence(self, seq_id, num_prompt_tokens):
+        self.tables[seq_id] = self._take(num_prompt_tokens // self.block_size + 1)
+        self.tokens[seq_id] = num_prompt_tokens
+
+
+class KeepsFreedBlocks(MyAllocator):
+    def free_sequence(self, seq_id):
+        self.tables.pop(seq_id, None)
+        self.tokens.pop(seq_id, None)
+
+
+class ReturnsNone(MyAllocator):
+    def append_tokens(self, seq_id, num_tokens=1):
+        super().append_tokens(seq_id, num_tokens)
+
+
+def test_allocator_in_simulation_correct(capsys):
+    passes(check_allocator_in_simulation, MyAllocator, "08.4", capsys)
+
+
+def test_allocator_in_simulation_makes_a_modest_number_of_calls(capsys):
+    calls = []
+
+    class Counting(MyAllocator):
+        def __getattribute__(self, name):
+            if not name.startswith("_") and name not in ("block_size", "free", "refs", "tables", "tokens"):
+                calls.append(name)
+            return super().__getattribute__(name)
+
+    passes(check_allocator_in_simulation, Counting, "08.4", capsys)
+    assert len(calls) < 4000, len(calls)
+
+
+WRONG_ALLOCATORS = {
+    OneBlockEarly: "more slots than the library's",
+    PromptPlusOne: "more slots than the library's",
+    KeepsFreedBlocks: "given back",
+    ReturnsNone: "list of block ids",
+}
+
+
+@pytest.mark.parametrize("cls", list(WRONG_ALLOCATORS), ids=lambda c: c.__name__)
+def test_allocator_in_simulation_wrong(cls):
+    message = fails(check_allocator_in_simulation, cls)
+    assert WRONG_ALLOCATORS[cls] in message
