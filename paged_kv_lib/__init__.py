@@ -6,7 +6,7 @@ submodules imported on demand.
 """
 
 from .allocator import AllocatorStats, PagedKVCacheAllocator
-from .block import Block
+from .block import Block, blocks_needed, cdiv
 from .block_table import BlockTable
 from .errors import (
     BlocksInUseError,
@@ -45,6 +45,8 @@ __all__ = [
     "PositionError",
     "SequenceStateError",
     "block_key",
+    "blocks_needed",
+    "cdiv",
     "chain_keys",
     "UnknownSequenceError",
     "__version__",

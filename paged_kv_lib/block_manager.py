@@ -20,7 +20,7 @@ from collections import deque
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._validate import as_count, as_fraction, as_seq_id, as_token_ids
-from .block import Block, cdiv
+from .block import Block, blocks_needed, cdiv
 from .block_table import BlockTable
 from .errors import BlocksInUseError, DuplicateSequenceError, InvalidArgumentError, InvalidTypeError
 from .errors import OutOfBlocksError, SequenceStateError, UnknownSequenceError
@@ -108,7 +108,7 @@ class BlockManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
-        return cdiv(as_count(num_tokens, "num_tokens"), self.block_size)
+        return blocks_needed(num_tokens, self.block_size)
 
     # ------------------------------------------------------ the scheduler's questions
     def watermark_blocks(self, watermark: float) -> int:

@@ -30,10 +30,6 @@ class BlockTable:
     # kept by the allocator; a copy starts at 0 so its first append takes the checked path).
     append_limit: int = field(default=0, repr=False, compare=False)
 
-    def append_block(self, block_id: int) -> None:
-        """Map the next logical block to physical block ``block_id``."""
-        self.block_ids.append(block_id)
-
     def __len__(self) -> int:
         return len(self.block_ids)
 

@@ -24,11 +24,11 @@ def make(num_blocks=8, block_size=4, num_heads=2, head_dim=8, **kw):
 
 
 def test_seed_data_structures():
-    assert Block(3).ref_count == 0
+    assert Block(3).ref_count == 0 and Block(3).is_free and Block(3).block_hash is None
     table = BlockTable()
-    table.append_block(7)
-    table.append_block(2)
-    assert table.block_ids == [7, 2]
+    table.block_ids += [7, 2]
+    assert table.block_ids == [7, 2] and len(table) == 2 and table.num_tokens == 0
+    assert not hasattr(table, "append_block"), "the seed's append_block lives in paged_kv_lib.seed.SeedBlockTable"
 
 
 def test_seed_walkthrough():
@@ -320,3 +320,22 @@ def test_decode_step_without_new_block_allocates_nothing():
     # A few small objects may be live at a time (an int, tracemalloc's own frames);
     # anything allocated per step would add up to tens of kilobytes over 2,000 steps.
     assert peak - base < 1024 and current - base < 1024
+
+
+@pytest.mark.parametrize("n, bs, want", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (2**70 + 1, 2**10, 2**60 + 1)])
+def test_cdiv_and_blocks_needed(n, bs, want):
+    from paged_kv_lib import blocks_needed, cdiv
+
+    assert cdiv(n, bs) == blocks_needed(n, bs) == want
+    assert make(block_size=4).blocks_needed(n) == cdiv(n, 4)
+
+
+def test_blocks_needed_refuses_bad_numbers():
+    from paged_kv_lib import InvalidArgumentError, InvalidTypeError, blocks_needed
+
+    with pytest.raises(InvalidArgumentError, match="num_tokens must be >= 0, got -1"):
+        blocks_needed(-1, 4)
+    with pytest.raises(InvalidArgumentError, match="block_size must be >= 1, got 0"):
+        blocks_needed(3, 0)
+    with pytest.raises(InvalidTypeError, match="bool"):
+        blocks_needed(True, 4)
