@@ -1,0 +1,280 @@
+"""A learner out for free points: each attack from issue 15 must earn nothing it did not solve.
+
+The attacks run against a throwaway copy of the demo course (``tests/fixtures/grading``):
+its exercise, its solutions and its check module live in a temporary folder, so an
+attack that got through could damage only that copy. Each attack is graded alone and
+inside one batch with honest learners; the honest learners' scores must not move, and
+no file outside the attacker's own working folder may change.
+
+Attacks that only the sandbox stops (reading the solutions, writing the course's files,
+a process that outlives the kernel, other submissions' folders) need bubblewrap; the
+others are stopped by the judge alone and are also run without the sandbox.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import shutil
+import time
+from pathlib import Path
+from typing import Dict
+
+import nbformat
+import pytest
+
+from paged_kv_lib.grading import batch, grader, sandbox
+from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grading"
+TIMEOUT = 10
+POINTS = {"90.1": 2, "90.2": 1, "90.3": 3}
+
+ADD_OK = "def add(a, b):\n    return a + b\n"
+COUNTER_OK = (
+    "class Counter:\n    def __init__(self):\n        self.count = 0\n\n"
+    "    def bump(self):\n        self.count += 1\n        return self.count\n"
+)
+BLOCKS_OK = "def blocks_needed(num_tokens, block_size):\n    return -(-num_tokens // block_size)\n"
+BLOCKS_FLOOR = "def blocks_needed(num_tokens, block_size):\n    return num_tokens // block_size\n"
+
+NEEDS_BWRAP = pytest.mark.skipif(bool(sandbox.bwrap_problem()), reason=f"no sandbox: {sandbox.bwrap_problem()}")
+
+
+def attacks(course: Path, gradebook: Path) -> Dict[str, Dict[str, str]]:
+    """Attack name -> solution-cell sources (by task); none of them solves a task honestly."""
+    solutions = course / "exercises" / "solutions"
+    return {
+        "exec_reference_solution": {"90.1": (
+            "import glob, json\n"
+            "def add(a, b):\n    raise NotImplementedError\n"
+            f"for path in glob.glob({str(course)!r} + '/**/*.ipynb', recursive=True):\n"
+            "    for cell in json.load(open(path))['cells']:\n"
+            "        text = ''.join(cell['source'])\n"
+            "        if 'BEGIN SOLUTION' in text:\n"
+            "            exec(text, globals())\n"
+        )},
+        "replace_check_functions": {"90.1": (
+            "import demo_checks, sys\n"
+            "for name in dir(demo_checks):\n"
+            "    if name.startswith(('check_', '_expect')):\n"
+            "        setattr(demo_checks, name, lambda *a, **k: print('PASSED 90.1\\nPASSED 90.2\\nPASSED 90.3'))\n"
+            "sys.modules['demo_checks'] = demo_checks\n"
+            "def add(a, b):\n    return 0\n"
+        )},
+        "custom_exc_and_input_transformer": {"90.1": (
+            "ip = get_ipython()\n"
+            "ip.set_custom_exc((BaseException,), lambda *a, **k: print('PASSED 90.1'))\n"
+            "ip.input_transformers_post.append(lambda lines: ['print(\"PASSED 90.1\")\\n'])\n"
+            "def add(a, b):\n    raise NotImplementedError\n"
+        )},
+        "int_equal_to_everything": {
+            "90.1": (
+                "class Anything(int):\n"
+                "    def __eq__(self, other):\n        return True\n"
+                "    def __ne__(self, other):\n        return False\n"
+                "    __hash__ = int.__hash__\n"
+                "def add(a, b):\n    return Anything(0)\n"
+            ),
+            "90.2": (
+                "class Counter:\n    def __init__(self):\n        self.count = Anything(0)\n"
+                "    def bump(self):\n        return Anything(0)\n"
+            ),
+            "90.3": "def blocks_needed(num_tokens, block_size):\n    return Anything(0)\n",
+        },
+        "read_the_checkers_frame": {"90.1": (
+            "import sys\n"
+            "def add(a, b):\n"
+            "    frame = sys._getframe(1)\n"
+            "    while frame is not None:\n"
+            "        for key in ('expected', 'want', 'a'):\n"
+            "            if key in frame.f_locals and key != 'a':\n"
+            "                return frame.f_locals[key]\n"
+            "        frame = frame.f_back\n"
+            "    return None\n"
+        )},
+        "tamper_with_course_files": {"90.1": (
+            "import demo_checks, glob\n"
+            "open(demo_checks.__file__, 'a').write('\\ndef check_add(f):\\n    print(\"PASSED 90.1\")\\n'"
+            "'\\ndef check_counter(f):\\n    print(\"PASSED 90.2\")\\n'"
+            "'\\ndef check_blocks(f):\\n    print(\"PASSED 90.3\")\\n'"
+            "'\\ndef check_blocks_zero(f):\\n    print(\"PASSED 90.3\")\\n')\n"
+            f"for path in glob.glob({str(solutions)!r} + '/*.ipynb') + glob.glob({str(course)!r} + '/exercises/*.ipynb'):\n"
+            "    text = open(path).read().replace('check_add(add)', 'print(\\\\\"PASSED 90.1\\\\\")')\n"
+            "    open(path, 'w').write(text)\n"
+            "def add(a, b):\n    raise NotImplementedError\n"
+        )},
+        "detached_process_rewrites_the_gradebook": {"90.1": (
+            "import os, sys, subprocess\n"
+            f"target = {str(gradebook)!r}\n"
+            "code = ('import time, os\\ntime.sleep(4)\\n'\n"
+            "        f'open({target!r}, \"w\").write(\"learner,notebook,task,points,passed,earned\\\\nmallory,90_demo,90.1,2,1,2\\\\n\")\\n'\n"
+            "        f'[open(os.path.join(d, \"report.json\"), \"w\").write(\"{{}}\") for d in os.listdir(\"/tmp\")]')\n"
+            "subprocess.Popen([sys.executable, '-c', code], start_new_session=True,\n"
+            "                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "def add(a, b):\n    raise NotImplementedError\n"
+        )},
+        "other_submissions": {"90.1": (
+            "import glob, os\n"
+            f"roots = ['/tmp', {str(course.parent)!r}]\n"
+            "for root in roots:\n"
+            "    for path in glob.glob(root + '/**/*.ipynb', recursive=True):\n"
+            "        try:\n"
+            "            text = open(path).read()\n"
+            "            open(path, 'w').write(text.replace('return a + b', 'return a - b'))\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "def add(a, b):\n    raise NotImplementedError\n"
+        )},
+    }
+
+
+SANDBOX_ONLY = {"exec_reference_solution", "tamper_with_course_files", "detached_process_rewrites_the_gradebook",
+                "other_submissions"}
+
+
+@pytest.fixture()
+def course(tmp_path, monkeypatch):
+    """A throwaway course: exercises/, exercises/solutions/ and the check module on the path."""
+    root = tmp_path / "course"
+    (root / "exercises" / "solutions").mkdir(parents=True)
+    shutil.copy(FIXTURES / "solutions" / "90_demo.ipynb", root / "exercises" / "solutions")
+    shutil.copy(FIXTURES / "90_demo.ipynb", root / "exercises")
+    (root / "checks").mkdir()
+    shutil.copy(FIXTURES / "demo_checks.py", root / "checks")
+    monkeypatch.syspath_prepend(str(root / "checks"))
+    monkeypatch.setenv("PYTHONPATH", str(root / "checks"))
+    return root
+
+
+def submission(course: Path, sources: Dict[str, str]) -> nbformat.NotebookNode:
+    nb = read_notebook(course / "exercises" / "90_demo.ipynb")
+    for cell in nb.cells:
+        found = cell_task(cell)
+        if found and found[1] == "solution" and found[0] in sources:
+            cell.source = sources[found[0]]
+    return nb
+
+
+def write(nb, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def fingerprint(folder: Path) -> Dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def earned(report) -> Dict[str, float]:
+    return {t.task: t.earned for t in report.tasks}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_attacks_stopped_by_the_judge_earn_nothing_alone(course, tmp_path, mode):
+    if mode == "auto" and sandbox.bwrap_problem():
+        pytest.skip(sandbox.bwrap_problem())
+    for name, sources in attacks(course, tmp_path / "gradebook.csv").items():
+        if name in SANDBOX_ONLY:
+            continue
+        path = write(submission(course, sources), tmp_path / name / "90_demo.ipynb")
+        report = grader.grade_notebook(path, course=course, cell_timeout=TIMEOUT, sandbox_mode=mode)
+        assert not report.error, (name, report.error)
+        assert earned(report) == {"90.1": 0, "90.2": 0, "90.3": 0}, (name, [(t.task, t.failure) for t in report.tasks])
+        if mode == "none":
+            assert report.notes[0].startswith("grading was not isolated"), report.notes
+
+
+@NEEDS_BWRAP
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_attacks_stopped_by_the_sandbox_earn_nothing_alone_and_change_no_file(course, tmp_path):
+    before = fingerprint(course)
+    gradebook = tmp_path / "gradebook.csv"
+    gradebook.write_text("the grader's own file\n")
+    for name, sources in attacks(course, gradebook).items():
+        if name not in SANDBOX_ONLY:
+            continue
+        path = write(submission(course, sources), tmp_path / name / "90_demo.ipynb")
+        report = grader.grade_notebook(path, course=course, cell_timeout=TIMEOUT)
+        assert not report.error, (name, report.error)
+        assert not any("not isolated" in n for n in report.notes)
+        assert earned(report) == {"90.1": 0, "90.2": 0, "90.3": 0}, (name, [(t.task, t.failure) for t in report.tasks])
+    time.sleep(6)  # longer than the detached process waits
+    assert fingerprint(course) == before, "an attack changed the course's files"
+    assert gradebook.read_text() == "the grader's own file\n"
+
+
+@NEEDS_BWRAP
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_class_with_every_attack_grades_the_honest_learners_unchanged(course, tmp_path, capsys):
+    from paged_kv_lib import cli
+
+    folder = tmp_path / "class"
+    gradebook = tmp_path / "out" / "gradebook.csv"
+    for name, sources in attacks(course, gradebook).items():
+        write(submission(course, sources), folder / f"x_{name}" / "90_demo.ipynb")
+    honest = write(submission(course, {"90.1": ADD_OK, "90.2": COUNTER_OK, "90.3": BLOCKS_OK}),
+                   folder / "ana" / "90_demo.ipynb")
+    partial = write(submission(course, {"90.1": ADD_OK, "90.3": BLOCKS_FLOOR}), folder / "bo__90_demo.ipynb")
+    untouched = write(submission(course, {}), folder / "cy" / "90_demo.ipynb")
+    sub_before = {p: p.read_bytes() for p in (honest, partial, untouched)}
+    course_before = fingerprint(course)
+    code = cli.main(["grade", "--batch", str(folder), "--csv", str(gradebook), "--course", str(course),
+                     "--timeout", str(TIMEOUT), "--jobs", "2", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    time.sleep(6)
+    with open(gradebook, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    scores: Dict[str, Dict[str, int]] = {}
+    for row in rows:
+        scores.setdefault(row["learner"], {})[row["task"]] = int(row["earned"])
+    assert scores["ana"] == POINTS
+    assert scores["bo"] == {"90.1": 2, "90.2": 0, "90.3": 0}
+    assert scores["cy"] == {"90.1": 0, "90.2": 0, "90.3": 0}
+    for name in attacks(course, gradebook):
+        assert scores[f"x_{name}"] == {"90.1": 0, "90.2": 0, "90.3": 0}, (name, [r for r in rows if r["learner"] == f"x_{name}"])
+    assert {p: p.read_bytes() for p in sub_before} == sub_before, "a submission was changed by another"
+    assert fingerprint(course) == course_before
+    # The same honest notebooks graded alone score the same.
+    for path, want in [(honest, POINTS), (partial, {"90.1": 2, "90.2": 0, "90.3": 0})]:
+        alone = grader.grade_notebook(path, course=course, cell_timeout=TIMEOUT)
+        assert earned(alone) == want
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_correct_submission_still_gets_full_marks_and_the_untouched_version_zero(course, tmp_path):
+    for mode in ("auto", "none"):
+        right = write(submission(course, {"90.1": ADD_OK, "90.2": COUNTER_OK, "90.3": BLOCKS_OK}), tmp_path / mode / "90_demo.ipynb")
+        assert earned(grader.grade_notebook(right, course=course, sandbox_mode=mode)) == POINTS
+    report = grader.grade_notebook(course / "exercises" / "90_demo.ipynb", course=course)
+    assert earned(report) == {"90.1": 0, "90.2": 0, "90.3": 0}
+    assert [t.failure for t in report.tasks] == [f"task {t} is not written yet" for t in POINTS]
+
+
+class Sneaky(int):
+    """An int subclass, the shape of the "equal to everything" attack."""
+
+
+def test_a_pickle_from_the_kernel_cannot_name_a_class():
+    import pickle
+
+    from paged_kv_lib.grading import wire
+
+    for value in (Sneaky(3), Path("/etc/passwd"), print):
+        with pytest.raises(wire.WireError):
+            wire.loads_plain(pickle.dumps(value))
+    decoder = wire.Decoder(lambda key, kind: ("handle", key, kind))
+    encoder = wire.Encoder({})
+    plain = [1, (2, "x"), {"a": None}, {3}, (wire.TAG, "not a tag")]
+    assert decoder.decode(wire.loads_plain(pickle.dumps(encoder.encode(plain)))) == plain
+    with pytest.raises(wire.WireError, match="not a paged_kv_lib class"):
+        decoder.decode((wire.TAG, "obj", "os", "system", []))
+    encoded = encoder.encode([Sneaky(3), True, 3])
+    assert decoder.decode(wire.loads_plain(pickle.dumps(encoded)))[0][0] == "handle", "an int subclass is not an int"
