@@ -18,7 +18,15 @@ import torch
 
 from ..allocator import PagedKVCacheAllocator
 from ..cache_ops import write_slots
-from ._common import call_learner, expect_raises, expect_tensor, fail, is_tensor, passed, show
+from ._common import (
+    call_learner,
+    expect_raises,
+    expect_tensor,
+    fail,
+    is_tensor,
+    passed,
+    show,
+)
 
 Tables = List[List[int]]
 

@@ -314,13 +314,13 @@ def check_preemption_cost(preemption_cost: Callable[[int, int, int, str], Dict[s
     """Task 07.4: ``preemption_cost(prompt_len, num_generated, block_size, mode)`` -> the four counts."""
     keys = ("freed_blocks", "blocks_copied", "prefill_tokens", "blocks_on_resume")
     hints = {
-        "freed_blocks": "the request holds prompt_len + num_generated - 1 tokens (its last sampled token is "
-                        "not stored yet), in ceil(tokens / block_size) blocks; preempting frees all of them",
-        "blocks_copied": "recompute copies nothing; swap copies every held block to the CPU and back",
-        "prefill_tokens": "recompute prefills the prompt and every generated token, the last one included "
-                          "(the prefill's last logits give the next token); swap computes nothing again",
-        "blocks_on_resume": "recompute allocates blocks for prompt_len + num_generated tokens; swap brings "
-                            "back exactly the blocks it held",
+        "freed_blocks": "count the tokens the request holds at the moment it is preempted: its newest sampled "
+                        "token has not been fed back yet, so it is not in the cache (and a block is freed whole)",
+        "blocks_copied": "think about both directions: a recompute moves no K/V, a swap moves it out and back",
+        "prefill_tokens": "a recompute rebuilds the K/V of everything the request will attend to next, and "
+                          "its next token comes from the prefill's last logits; a swap rebuilds nothing",
+        "blocks_on_resume": "after a recompute the request holds one token more than when it was preempted; "
+                            "a swap brings back what it held",
     }
     cases = [(prompt, gen, bs, mode)
              for bs in (1, 4, 16)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from check_helpers import fails, not_implemented, passes
+
 from paged_kv_lib.grading import (
     check_gather_batch,
     check_step_block_tables,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from check_helpers import fails, not_implemented, passes
 
 from paged_kv_lib.grading import (
     check_admit_fcfs,
@@ -13,9 +14,6 @@ from paged_kv_lib.grading import (
     check_choose_victims_by_priority,
     check_preemption_cost,
 )
-
-from check_helpers import fails, not_implemented, passes
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
