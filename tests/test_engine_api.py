@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from paged_kv_lib.cli import main as cli_main
-from paged_kv_lib.engine import Engine, RequestTooLargeError
+from paged_kv_lib.engine import Engine, RequestTooLargeError, UnsupportedModelError
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 
 
@@ -217,3 +217,143 @@ def test_decode_step_works_on_the_whole_batch_at_once(model, monkeypatch) -> Non
     monkeypatch.setattr(alloc, "slot_mapping", slots)
     engine.step()  # decode
     assert calls == {"attend": [3] * model.config.num_layers, "plan": 1, "tables": 1, "slot_mapping": 0}
+
+
+# ------------------------------------------------ the engine asks the allocator (issue 17.2)
+def test_decode_scheduling_obeys_the_allocators_can_append(model, monkeypatch) -> None:
+    """The engine keeps no copy of the growth rule: when the allocator says a batch cannot grow,
+    the newest requests give way, whatever the engine might have computed itself."""
+    engine = make_engine(model, num_blocks=64, watermark=0.0)
+    for prompt in ("one", "two", "three"):
+        engine.add_request(prompt, 6)
+    engine.step()  # all three admitted and prefilled
+    alloc = engine.allocator
+    real = alloc.can_append
+    asked = []
+
+    def at_most_one(seq_ids, *args, **kwargs):
+        seq_ids = list(seq_ids)
+        asked.append(len(seq_ids))
+        return len(seq_ids) <= 1 and real(seq_ids, *args, **kwargs)
+
+    monkeypatch.setattr(alloc, "can_append", at_most_one)
+    stats = engine.step()
+    assert asked == [3, 2, 1] and stats.preempted == 2 and stats.running == 1
+    monkeypatch.undo()
+    outputs = engine.run(progress=False)
+    for out, prompt in zip(outputs, ("one", "two", "three")):
+        assert list(out.token_ids) == generate_no_cache(model, encode(prompt), 6)
+
+
+def test_fit_and_admission_use_the_allocators_watermark(model, monkeypatch) -> None:
+    engine = make_engine(model, num_blocks=16, watermark=0.1)
+    monkeypatch.setattr(engine.allocator, "watermark_blocks", lambda w: 15)
+    with pytest.raises(RequestTooLargeError, match="watermark"):
+        engine.add_request(list(range(8)), 2)  # 3 blocks + 15 > 16, by the allocator's count
+    assert not engine.has_unfinished()
+
+
+def test_swapped_request_comes_back_when_the_allocator_says_it_fits(model, monkeypatch) -> None:
+    alloc = model.new_allocator(6, 4, num_cpu_blocks=32)
+    engine = Engine(model, alloc, watermark=0.0, preemption_mode="swap")
+    first = list(range(60, 72))
+    engine.add_request(first, 5)
+    engine.add_request("fork", 3, n=2)
+    engine.step()
+    engine.step()  # the forked request is swapped out
+    assert any(r.status.value == "swapped" for r in engine.waiting)
+    monkeypatch.setattr(alloc, "can_swap_in", lambda seq_id, **kw: False)
+    while engine.running:  # the first request finishes; the pool empties
+        engine.step()
+    assert [r.status.value for r in engine.waiting] == ["swapped"]  # never let back in
+    monkeypatch.undo()
+    outputs = engine.run(progress=False)
+    assert [list(o) for o in outputs[-1].outputs] == [generate_no_cache(model, encode("fork"), 3)] * 2
+
+
+# ------------------------------------------------------------ engine bugs (issue 17.3)
+def test_a_model_paged_attention_cannot_serve_is_refused_when_the_engine_is_built() -> None:
+    small = TinyTransformer(ModelConfig(dim=32, num_heads=4, num_kv_heads=2), seed=0).eval()
+    assert small.config.head_dim == 8  # the model itself accepts it (it runs without a cache)
+    alloc = small.new_allocator(16, 4)
+    with pytest.raises(UnsupportedModelError, match="head_dim must be from 16 to 256, got 8") as info:
+        Engine(small, alloc)
+    assert isinstance(info.value, ValueError)
+    assert alloc.num_free_blocks == 16 and alloc.seq_ids == ()
+
+
+@pytest.mark.parametrize("failing_call", [1, 2], ids=["prefill", "decode"])
+def test_a_failure_inside_step_leaves_the_engine_usable(model, monkeypatch, failing_call) -> None:
+    engine = make_engine(model, num_blocks=32, watermark=0.0)
+    prompts = ["first prompt", "second", "a third one"]
+    ids = [engine.add_request(p, 5, n=2 if i == 1 else 1) for i, p in enumerate(prompts)]
+    if failing_call == 2:
+        engine.step()
+    real = model.forward_paged
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(model, "forward_paged", boom)
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.step()
+    alloc = engine.allocator
+    alloc.check_invariants()
+    assert alloc.seq_ids == () and alloc.num_used_blocks == 0  # every block released
+    assert not engine.running and [r.request_id for r in engine.waiting] == ids
+    assert all(r.status.value == "waiting" for r in engine.waiting)
+    monkeypatch.setattr(model, "forward_paged", real)
+    outputs = engine.run(progress=False)
+    for out, prompt in zip(outputs, prompts):
+        for sample in out.outputs:
+            assert list(sample) == generate_no_cache(model, encode(prompt), 5)
+    assert alloc.num_used_blocks == 0
+
+
+def test_generate_checks_every_prompt_before_queueing_any(model) -> None:
+    engine = make_engine(model, num_blocks=8, block_size=4, watermark=0.0)
+    with pytest.raises(RequestTooLargeError):
+        engine.generate(["fits", list(range(40))], 3)
+    assert not engine.has_unfinished()
+    with pytest.raises(ValueError):
+        engine.generate(["fits", []], 3)
+    assert not engine.has_unfinished()
+    (out,) = engine.generate(["next"], 3)
+    assert list(out.token_ids) == generate_no_cache(model, encode("next"), 3)
+    assert engine.run(progress=False) == []  # nothing from the refused calls was computed
+
+
+def test_generate_keeps_the_outputs_of_requests_added_before(model) -> None:
+    engine = make_engine(model, num_blocks=64)
+    early = engine.add_request("queued first", 12)
+    (out,) = engine.generate(["then generate"], 3)
+    assert list(out.token_ids) == generate_no_cache(model, encode("then generate"), 3)
+    (kept,) = engine.run(progress=False)
+    assert kept.request_id == early
+    assert list(kept.token_ids) == generate_no_cache(model, encode("queued first"), 12)
+
+
+def test_a_failed_generate_drops_only_its_own_requests(model, monkeypatch) -> None:
+    engine = make_engine(model, num_blocks=64)
+    early = engine.add_request("queued first", 4)
+    monkeypatch.setattr(model, "forward_paged", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        engine.generate(["mine", "mine too"], 3)
+    monkeypatch.undo()
+    assert [r.request_id for r in engine.waiting] == [early] and not engine.running
+    assert engine.allocator.num_used_blocks == 0
+    (kept,) = engine.run(progress=False)
+    assert kept.request_id == early
+
+
+def test_abort_request_releases_its_blocks(model) -> None:
+    engine = make_engine(model, num_blocks=64)
+    keep = engine.add_request("keep me", 4)
+    drop = engine.add_request("drop me", 4, n=2)
+    engine.step()
+    assert engine.abort_request(drop) is True
+    assert engine.abort_request(drop) is False and engine.abort_request(999) is False
+    engine.allocator.check_invariants()
+    outputs = engine.run(progress=False)
+    assert [o.request_id for o in outputs] == [keep]
+    assert engine.allocator.num_used_blocks == 0

@@ -10,6 +10,7 @@ the lessons and as the oracle both are tested against.
 
 from .api import (
     TRITON_HINT,
+    check_supported,
     paged_attention,
     paged_attention_extend,
     resolve_backend,
@@ -20,6 +21,7 @@ from .reference import gather_kv, paged_attention_extend_reference, paged_attent
 
 __all__ = [
     "TRITON_HINT",
+    "check_supported",
     "gather_kv",
     "paged_attention",
     "paged_attention_batched",

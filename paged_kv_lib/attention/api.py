@@ -45,6 +45,19 @@ def _should_check_values(check_values: Optional[bool], device: torch.device) -> 
     return check_values
 
 
+def check_supported(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    """Raise the error ``paged_attention`` would raise for these head counts, head size and dtype.
+
+    A caller (the engine, when it is built) asks this instead of restating the limits: the
+    same checks run on empty stand-in tensors, so nothing is computed or allocated.
+    """
+    q = torch.empty((0, num_q_heads, head_dim), dtype=dtype, device="meta")
+    cache = torch.empty((1, num_kv_heads, 1, head_dim), dtype=dtype, device="meta")
+    table = torch.empty((0, 1), dtype=torch.int32, device="meta")
+    lens = torch.empty((0,), dtype=torch.int32, device="meta")
+    _checks.check_common(q, cache, cache, table, lens)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -1,77 +1,144 @@
 """Paged attention for a whole batch at once in torch: one gather, one masked matmul, one softmax.
 
 ``reference.py`` loops over sequences so a lesson can read it; this module does the same
-arithmetic for every sequence together, which is what the torch backend runs. Every
-sequence's blocks are gathered through the padded block-table tensor into one
-``[num_seqs, num_kv_heads, max_blocks * block_size, head_dim]`` tensor, keys past a
-sequence's length are masked, and one batched matmul and softmax (float32) serve all
-sequences and all query heads of a group (grouped-query attention).
+arithmetic for every sequence together, which is what the torch backend runs:
 
-Padding entries (-1) and the unused tail of a last block are read as block 0 or as stale
-slots; their scores are masked to -inf and their values zeroed before the weighted sum,
-so whatever they hold (even NaN) never reaches the output.
+1. :func:`plan_batch` turns the padded block-table tensor and the lengths into one gather
+   index: for every sequence, K/V head and table entry, the row of that (block, head) in
+   the cache seen as ``[num_blocks * kv_heads, block_size, head_dim]`` (a padding entry,
+   -1, reads block 0). It also lists the gathered token rows no query may see (past a
+   sequence's length: padding and the stale tail of a last block) and builds the
+   additive mask (0 or -inf).
+2. :func:`attend` gathers ``[num_seqs, kv_heads, blocks * block_size, head_dim]`` K and V
+   with one ``index_select`` each, zeroes the unseen rows (so whatever they held, even
+   NaN, cannot reach the output: 0 * NaN would be NaN), then one batched matmul, softmax
+   (float32) and matmul serve every sequence and every query head of a group
+   (grouped-query attention).
+
+A plan depends only on the block tables and lengths, so a model builds it once per step
+and reuses it in every layer.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 
 
-def gather_batch(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """The first ``num_blocks`` table entries of every row as ``[num_seqs, kv_heads, num_blocks * bs, d]``.
+@dataclass(frozen=True)
+class BatchPlan:
+    """Where a batch's tokens sit in the cache, and what each query may see.
 
-    Padding ids (negative) read block 0; the caller masks those positions.
+    ``rows``: int64 ``[num_seqs * kv_heads * num_blocks]``, gather index into the cache
+    seen as ``[num_blocks * kv_heads, block_size, head_dim]``; the gathered keys number
+    ``width = num_blocks * block_size``. ``unseen``: flat indices of gathered token rows
+    past their sequence's length (zeroed after the gather). ``bias``: float32, 0 where a
+    query sees a key and -inf elsewhere; ``[S, 1, 1, 1, width]`` for decode,
+    ``[S, 1, 1, n_q, width]`` for extend. ``pack``: extend only, (sequence, query index)
+    of each packed query row.
     """
+
+    num_seqs: int
+    kv_heads: int
+    width: int
+    num_queries: int  # query rows per sequence after padding (1 for decode)
+    rows: torch.Tensor
+    unseen: torch.Tensor
+    bias: torch.Tensor
+    empty: torch.Tensor  # bool [num_seqs]: sequences with no token (their output is zeros)
+    pack: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+
+def plan_batch(
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv_heads: int,
+    block_size: int,
+    query_start_loc: Optional[torch.Tensor] = None,
+) -> BatchPlan:
+    """Build the gather index and mask for a decode batch (or an extend batch with ``query_start_loc``)."""
+    device = block_tables.device
     num_seqs = block_tables.shape[0]
-    _, kv_heads, block_size, head_dim = cache.shape
+    lens = seq_lens.to(device).long()
+    longest = int(lens.max()) if num_seqs else 0
+    num_blocks = min(block_tables.shape[1], -(-longest // block_size))
+    width = num_blocks * block_size
     ids = block_tables[:, :num_blocks].long().clamp(min=0)
-    blocks = cache[ids]  # [num_seqs, num_blocks, kv_heads, block_size, head_dim]
-    return blocks.transpose(1, 2).reshape(num_seqs, kv_heads, num_blocks * block_size, head_dim)
+    rows = (ids[:, None, :] * kv_heads + torch.arange(kv_heads, device=device)[None, :, None]).reshape(-1)
+    key_pos = torch.arange(width, device=device)
+    valid = key_pos[None, :] < lens[:, None]  # [S, width]
+    unseen = (~valid)[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
+    empty = lens == 0
+
+    if query_start_loc is None:
+        bias = torch.zeros(num_seqs, width, device=device).masked_fill_(~valid, float("-inf"))
+        return BatchPlan(num_seqs, kv_heads, width, 1, rows, unseen, bias[:, None, None, None, :], empty)
+
+    starts = query_start_loc.to(device).long()
+    q_lens = starts[1:] - starts[:-1]
+    total_q = int(starts[-1]) if num_seqs else 0
+    num_queries = int(q_lens.max()) if num_seqs else 0
+    seq_of = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens, output_size=total_q)
+    index_in_seq = torch.arange(total_q, device=device) - starts[seq_of]
+    # New token j of n sits at position len - n + j and sees keys up to its own position.
+    q_pos = (lens - q_lens)[:, None] + torch.arange(num_queries, device=device)[None, :]
+    seen = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, n_q, width]
+    bias = torch.zeros(seen.shape, device=device).masked_fill_(~seen, float("-inf"))
+    return BatchPlan(
+        num_seqs, kv_heads, width, num_queries, rows, unseen, bias[:, None, None], empty, (seq_of, index_in_seq)
+    )
 
 
-def _attend_padded(
+def gather(cache: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
+    """Every sequence's K or V as ``[num_seqs, kv_heads, width, head_dim]``, unseen rows zeroed."""
+    block_size, head_dim = cache.shape[2], cache.shape[3]
+    out = cache.reshape(-1, block_size, head_dim).index_select(0, plan.rows)
+    flat = out.view(-1, head_dim)
+    if plan.unseen.numel():
+        flat.index_fill_(0, plan.unseen, 0.0)
+    return out.view(plan.num_seqs, plan.kv_heads, plan.width, head_dim)
+
+
+def attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    visible: torch.Tensor,
-    num_blocks: int,
-    scale: float,
+    plan: BatchPlan,
+    scale: Optional[float] = None,
 ) -> torch.Tensor:
-    """Attention of padded queries ``q`` ``[S, n_q, hq, d]`` over each row's gathered keys.
+    """Attention of ``q`` over the K/V the plan gathers; returns q's shape and dtype.
 
-    ``visible`` ``[S, n_q, L]`` (``L = num_blocks * block_size``) says which keys each query
-    sees. Rows that see no key come out as zeros. Returns float32 ``[S, n_q, hq, d]``.
+    ``q`` is ``[num_seqs, q_heads, d]`` for a decode plan, or the packed ``[total_q,
+    q_heads, d]`` of an extend plan.
     """
-    num_seqs, n_q, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    q_heads, head_dim = q.shape[1], q.shape[2]
+    if plan.num_seqs == 0 or plan.width == 0 or q.shape[0] == 0:
+        return torch.zeros_like(q)
+    num_seqs, kv_heads, n_q = plan.num_seqs, plan.kv_heads, plan.num_queries
     group = q_heads // kv_heads
-    k = gather_batch(k_cache, block_tables, num_blocks).float()  # [S, hkv, L, d]
-    v = gather_batch(v_cache, block_tables, num_blocks).float()
-    # Query head h uses K/V head h // group: put each group's queries under their head.
-    qg = q.float().reshape(num_seqs, n_q, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    if plan.pack is None:
+        padded = q
+    else:
+        padded = q.new_zeros((num_seqs, n_q, q_heads, head_dim))
+        padded[plan.pack] = q
+    # [S, n_q, hq, d] -> [S, hkv, group * n_q, d]: each K/V head serves its group's queries.
+    qg = padded.float().reshape(num_seqs, n_q, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(num_seqs, kv_heads, group * n_q, head_dim)
-    scores = torch.matmul(qg, k.transpose(2, 3)) * scale  # [S, hkv, group * n_q, L]
-    seen = visible[:, None].expand(num_seqs, group, n_q, visible.shape[-1]).reshape(num_seqs, 1, group * n_q, -1)
-    scores = scores.masked_fill(~seen, float("-inf"))
-    # A key nobody may see can hold anything (padding reads block 0, stale slots): zero
-    # its value too, since 0 * NaN is NaN.
-    key_used = visible.any(dim=1)  # [S, L]
-    v = v.masked_fill(~key_used[:, None, :, None], 0.0)
-    weights = torch.softmax(scores, dim=-1)
-    weights = weights.masked_fill(~seen.any(dim=-1, keepdim=True), 0.0)  # no key at all: zeros, not NaN
-    out = torch.matmul(weights, v)  # [S, hkv, group * n_q, d]
-    out = out.reshape(num_seqs, kv_heads, group, n_q, head_dim).permute(0, 3, 1, 2, 4)
-    return out.reshape(num_seqs, n_q, q_heads, head_dim)
-
-
-def _num_blocks(seq_lens: torch.Tensor, block_size: int, width: int) -> Tuple[int, int]:
-    """(longest length, blocks it spans) for the batch; one read of ``seq_lens``."""
-    longest = int(seq_lens.max()) if seq_lens.numel() else 0
-    return longest, min(width, -(-longest // block_size))
+    k = gather(k_cache, plan).float()
+    v = gather(v_cache, plan).float()
+    scores = torch.matmul(qg, k.transpose(2, 3)).mul_(scale)
+    scores = scores.view(num_seqs, kv_heads, group, n_q, plan.width).add_(plan.bias)
+    weights = torch.softmax(scores.view(num_seqs, kv_heads, group * n_q, plan.width), dim=-1)
+    out = torch.matmul(weights, v).view(num_seqs, kv_heads, group, n_q, head_dim)
+    out = out.permute(0, 3, 1, 2, 4).reshape(num_seqs, n_q, q_heads, head_dim)
+    if plan.pack is None:
+        # A sequence with no token saw only -inf (a NaN softmax): its answer is zeros.
+        return torch.where(plan.empty[:, None, None], 0.0, out[:, 0]).to(q.dtype)
+    return out[plan.pack].to(q.dtype)  # padded query rows are dropped here
 
 
 def paged_attention_batched(
@@ -84,18 +151,10 @@ def paged_attention_batched(
 ) -> torch.Tensor:
     """Decode attention for every sequence at once; same contract as ``paged_attention_reference``.
 
-    ``q`` ``[num_seqs, num_q_heads, head_dim]``; a sequence of length 0 gets zeros.
     Inputs are not validated here; use ``paged_attention``.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    num_seqs = q.shape[0]
-    longest, num_blocks = _num_blocks(seq_lens, k_cache.shape[2], block_tables.shape[1])
-    if num_seqs == 0 or longest == 0:
-        return torch.zeros_like(q)
-    key_pos = torch.arange(num_blocks * k_cache.shape[2], device=q.device)
-    visible = (key_pos[None, :] < seq_lens.to(q.device).long()[:, None])[:, None, :]  # [S, 1, L]
-    out = _attend_padded(q[:, None], k_cache, v_cache, block_tables, visible, num_blocks, scale)
-    return out[:, 0].to(q.dtype)
+    plan = plan_batch(block_tables, seq_lens, k_cache.shape[1], k_cache.shape[2])
+    return attend(q, k_cache, v_cache, plan, scale)
 
 
 def paged_attention_extend_batched(
@@ -110,26 +169,8 @@ def paged_attention_extend_batched(
     """Prefill/extend attention for every sequence at once; same contract as the extend reference.
 
     The packed queries are laid out as a padded ``[num_seqs, longest_query, ...]`` batch,
-    attend causally (new token ``j`` of ``n`` sits at position ``seq_lens[i] - n + j``),
-    and are packed back. Inputs are not validated here; use ``paged_attention_extend``.
+    attend causally and are packed back. Inputs are not validated here; use
+    ``paged_attention_extend``.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    num_seqs, total_q = seq_lens.shape[0], q.shape[0]
-    longest, num_blocks = _num_blocks(seq_lens, k_cache.shape[2], block_tables.shape[1])
-    if num_seqs == 0 or total_q == 0 or longest == 0:
-        return torch.zeros_like(q)
-    starts = query_start_loc.to(q.device).long()
-    q_lens = starts[1:] - starts[:-1]
-    n_q = int(q_lens.max())
-    # Row of each packed query, and its index among its sequence's new tokens.
-    row = torch.repeat_interleave(torch.arange(num_seqs, device=q.device), q_lens, output_size=total_q)
-    col = torch.arange(total_q, device=q.device) - starts[row]
-    padded = q.new_zeros((num_seqs, n_q, *q.shape[1:]))
-    padded[row, col] = q
-    lens = seq_lens.to(q.device).long()
-    q_pos = (lens - q_lens)[:, None] + torch.arange(n_q, device=q.device)[None, :]  # [S, n_q]
-    real_query = torch.arange(n_q, device=q.device)[None, :] < q_lens[:, None]
-    key_pos = torch.arange(num_blocks * k_cache.shape[2], device=q.device)
-    visible = (key_pos[None, None, :] <= q_pos[:, :, None]) & real_query[:, :, None]  # [S, n_q, L]
-    out = _attend_padded(padded, k_cache, v_cache, block_tables, visible, num_blocks, scale)
-    return out[row, col].to(q.dtype)
+    plan = plan_batch(block_tables, seq_lens, k_cache.shape[1], k_cache.shape[2], query_start_loc)
+    return attend(q, k_cache, v_cache, plan, scale)

@@ -18,7 +18,7 @@ per-sample generator, so seeded results do not depend on the batch or on preempt
 """
 
 from .loop import PREEMPTION_MODES, Engine, Prompt
-from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status
+from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status, UnsupportedModelError
 from .stats import EngineTotals, StepStats
 
 __all__ = [
@@ -32,4 +32,5 @@ __all__ = [
     "Sample",
     "Status",
     "StepStats",
+    "UnsupportedModelError",
 ]

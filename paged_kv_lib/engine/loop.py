@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -11,8 +10,9 @@ import torch
 
 from .._validate import as_count
 from ..allocator import PagedKVCacheAllocator
+from ..attention import check_supported
 from ..model import TinyTransformer, check_temperature, encode, sample_generator, sample_token
-from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status
+from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status, UnsupportedModelError
 from .stats import EngineTotals, StepStats
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -41,6 +41,11 @@ class Engine:
         watermark: float = 0.01,
         preemption_mode: str = "recompute",
     ) -> None:
+        cfg = model.config
+        try:  # ask paged attention whether it can serve this model, before anything is queued
+            check_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.dtype)
+        except (ValueError, TypeError) as err:
+            raise UnsupportedModelError(f"the engine cannot run this model: {err}") from err
         model.check_allocator(allocator)
         self.model = model
         self.allocator = allocator
@@ -77,19 +82,30 @@ class Engine:
 
         ``n`` samples are drawn at ``temperature`` (0: greedy). With ``seed`` the samples
         are reproducible whatever else is running. Raises :class:`RequestTooLargeError`
-        if the request could not finish even alone in the pool.
+        if the request could not finish even alone in the pool; a refused request
+        changes nothing.
         """
+        return self._queue(self._prepare(prompt, max_new_tokens, n, temperature, seed))
+
+    def _prepare(
+        self, prompt: Prompt, max_new_tokens: int, n: int, temperature: float, seed: Optional[int]
+    ) -> Tuple[List[int], int, int, float, Optional[int]]:
+        """Check one request's arguments without changing anything; returns them normalised."""
         prompt_ids = encode(prompt) if isinstance(prompt, str) else self._token_list(prompt)
         max_new_tokens = as_count(max_new_tokens, "max_new_tokens", minimum=1)
         n = as_count(n, "n", minimum=1)
         if n > self.max_batch_size:
             raise ValueError(f"n={n} samples can never run together: max_batch_size is {self.max_batch_size}")
         temperature = check_temperature(temperature)
+        if seed is not None:
+            seed = as_count(seed, "seed")
+        self._check_fits(len(prompt_ids), max_new_tokens, n)
+        return prompt_ids, max_new_tokens, n, temperature, seed
+
+    def _queue(self, prepared: Tuple[List[int], int, int, float, Optional[int]]) -> int:
+        prompt_ids, max_new_tokens, n, temperature, seed = prepared
         if seed is None:
             seed = int(torch.randint(0, 2**31, (), generator=self._seed_source))
-        seed = as_count(seed, "seed")
-        self._check_fits(len(prompt_ids), max_new_tokens, n)
-
         request_id = self._next_request_id
         self._next_request_id += 1
         samples = []
@@ -113,17 +129,13 @@ class Engine:
                 raise ValueError(f"token id {t} is outside the vocabulary [0, {vocab})")
         return ids
 
-    def _watermark_blocks(self) -> int:
-        """Blocks an admission must leave free (the allocator's rule: free - taken >= watermark * total)."""
-        return math.ceil(self.watermark * self.allocator.num_blocks)
-
     def _check_fits(self, prompt_len: int, max_new_tokens: int, n: int) -> None:
         # The last sampled token is never fed back, so a sample holds at most
-        # prompt + max_new_tokens - 1 tokens. A forked sample may hold one more block for
-        # a step (the copy of a shared tail), and re-admission must clear the watermark.
+        # prompt + max_new_tokens - 1 tokens; n samples never hold more blocks than n
+        # private copies would, and an admission must leave the watermark free.
         alloc = self.allocator
         per_sample = alloc.blocks_needed(prompt_len + max_new_tokens - 1)
-        needed = n * per_sample + (n if n > 1 else 0) + self._watermark_blocks()
+        needed = n * per_sample + alloc.watermark_blocks(self.watermark)
         if needed > alloc.num_blocks:
             raise RequestTooLargeError(
                 f"request can never fit: {n} sample(s) of up to {prompt_len} + {max_new_tokens} - 1 "
@@ -132,6 +144,23 @@ class Engine:
                 needed,
                 alloc.num_blocks,
             )
+
+    def abort_request(self, request_id: int) -> bool:
+        """Drop a waiting, running or swapped request and release its blocks; False if unknown or finished."""
+        for queue in (self.waiting, self.running):
+            for request in queue:
+                if request.request_id == request_id:
+                    queue.remove(request)
+                    self._release(request)
+                    request.status = Status.FINISHED
+                    return True
+        return False
+
+    def _release(self, request: Request) -> None:
+        """Give back every block (device or CPU) the request's samples hold."""
+        self._pending_prefill.pop(request.request_id, None)
+        for sample in request.samples:
+            self.allocator.free_sequence(sample.seq_id)  # unknown ids are a no-op
 
     def has_unfinished(self) -> bool:
         """Whether any request is waiting, running or swapped out."""
@@ -144,7 +173,36 @@ class Engine:
     # ------------------------------------------------------------ the loop
     @torch.no_grad()
     def step(self) -> StepStats:
-        """One iteration: decode the running batch (preempting if short of blocks), then admit."""
+        """One iteration: decode the running batch (preempting if short of blocks), then admit.
+
+        If anything fails inside, every running request is taken back to the waiting
+        queue as if preempted by recompute (its blocks released, the tokens it generated
+        kept), and the error propagates: the engine stays usable.
+        """
+        try:
+            return self._step()
+        except BaseException:
+            self._recover()
+            raise
+
+    def _recover(self) -> None:
+        """After a failed step: requeue every running request, in order, with its blocks released.
+
+        The step may have registered blocks in the prefix cache whose K/V it never
+        finished writing, so the cache's content keys are dropped too (no block is in use
+        on the device any more: swapped requests hold only CPU blocks).
+        """
+        for request in reversed(self.running):
+            self._release(request)
+            request.status = Status.WAITING
+            self.waiting.appendleft(request)
+        self.running = []
+        self._pending_prefill.clear()
+        reset = getattr(self.allocator, "reset_prefix_cache", None)
+        if reset is not None and self.allocator.num_used_blocks == 0:
+            reset()
+
+    def _step(self) -> StepStats:
         start = time.perf_counter()
         preempted = self._schedule_decode()
         decode_tokens = self._decode()
@@ -208,41 +266,55 @@ class Engine:
         return outputs
 
     def generate(self, prompts: Iterable[Prompt], max_new_tokens: int, **options) -> List[RequestOutput]:
-        """Add every prompt with the same options, run to completion, return their outputs in order."""
+        """Add every prompt with the same options, run until they finish, return their outputs in order.
+
+        All prompts are checked before any is queued, so a refused one leaves the engine
+        as it was. Requests queued earlier with ``add_request`` run along; their outputs
+        stay for the next :meth:`run`. If a step fails, this call's requests are dropped
+        and the error propagates.
+        """
         progress = options.pop("progress", False)
-        ids = [self.add_request(p, max_new_tokens, **options) for p in prompts]
-        by_id = {o.request_id: o for o in self.run(progress=progress)}
-        return [by_id[i] for i in ids]
+        unknown = set(options) - {"n", "temperature", "seed"}
+        if unknown:
+            raise TypeError(f"generate() got unexpected options {sorted(unknown)}")
+        prepared = [
+            self._prepare(p, max_new_tokens, options.get("n", 1), options.get("temperature", 0.0), options.get("seed"))
+            for p in prompts
+        ]
+        ids = [self._queue(p) for p in prepared]
+        try:
+            self._run_until(set(ids), progress)
+        except BaseException:
+            for request_id in ids:
+                self.abort_request(request_id)
+                self._finished.pop(request_id, None)
+            raise
+        return [self._finished.pop(i) for i in ids]
+
+    def _run_until(self, request_ids: set, progress: bool) -> None:
+        """Step until the given requests have finished."""
+        from tqdm.auto import tqdm
+
+        with tqdm(unit="tok", desc="generate", disable=not progress) as bar:
+            while not request_ids.issubset(self._finished):
+                stats = self.step()
+                bar.update(stats.generated_tokens)
 
     # ------------------------------------------------------------ decode
-    def _decode_blocks(self, request: Request) -> int:
-        """Most blocks the request's next decode step can take: a new block at a boundary,
-        or a copy of a shared tail block."""
-        alloc = self.allocator
-        need = 0
-        for sample in request.live_samples():
-            at_boundary = alloc.get_num_tokens(sample.seq_id) % alloc.block_size == 0
-            need += 1 if at_boundary or sample.may_share_tail else 0
-        return need
-
     def _schedule_decode(self) -> int:
-        """Make room for one more token in every running sequence; returns requests preempted."""
-        self._peak_this_step = self.allocator.num_used_blocks
+        """Make room for one more token in every running sequence; returns requests preempted.
+
+        The allocator says whether all of them can grow together (new blocks and
+        copy-on-write copies counted); while it says no, the newest request is preempted.
+        """
+        alloc = self.allocator
+        self._peak_this_step = alloc.num_used_blocks
         preempted = 0
-        reserved = 0
-        index = 0
-        while index < len(self.running):
-            request = self.running[index]
-            need = self._decode_blocks(request)
-            while need > self.allocator.num_free_blocks - reserved:
-                victim = self.running.pop()  # the newest request; possibly this one
-                self._preempt(victim)
-                preempted += 1
-                if victim is request:
-                    break
-            else:
-                reserved += need
-                index += 1
+        while self.running:
+            if alloc.can_append([s.seq_id for r in self.running for s in r.live_samples()]):
+                break
+            self._preempt(self.running.pop())  # the newest request
+            preempted += 1
         return preempted
 
     def _decode(self) -> int:
@@ -250,23 +322,35 @@ class Engine:
         batch = [(r, s) for r in self.running for s in r.live_samples()]
         if not batch:
             return 0
+        # Content (for the prefix cache) is only worth telling an allocator that caches.
+        by_content = getattr(alloc, "enable_prefix_caching", True)
         for _, sample in batch:
-            alloc.append_tokens(sample.seq_id, 1, token_ids=sample.output[-1:])
-            sample.may_share_tail = False
+            alloc.append_tokens(sample.seq_id, 1, token_ids=sample.output[-1:] if by_content else None)
         self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
         logits = self.model.forward_paged(
             alloc, [s.seq_id for _, s in batch], [s.output[-1:] for _, s in batch]
         )
-        for row, (request, sample) in enumerate(batch):
-            self._take_token(request, sample, logits[row])
+        self._take_tokens(batch, logits)
         self._retire_finished()
         return len(batch)
 
-    def _take_token(self, request: Request, sample: Sample, logits: torch.Tensor) -> None:
-        sample.output.append(sample_token(logits, request.temperature, sample.generator))
+    def _take_tokens(self, batch: List[Tuple[Request, Sample]], logits: torch.Tensor) -> None:
+        """Sample one token per row of ``logits``; greedy rows share one argmax over the batch."""
+        greedy = logits.argmax(dim=-1).tolist()
+        for row, (request, sample) in enumerate(batch):
+            if request.temperature == 0:
+                self._append_token(request, sample, greedy[row])
+            else:
+                self._take_token(request, sample, logits[row])
+
+    def _append_token(self, request: Request, sample: Sample, token: int) -> None:
+        sample.output.append(token)
         if len(sample.output) >= request.max_new_tokens:
             sample.finished = True
             self.allocator.free_sequence(sample.seq_id)
+
+    def _take_token(self, request: Request, sample: Sample, logits: torch.Tensor) -> None:
+        self._append_token(request, sample, sample_token(logits, request.temperature, sample.generator))
 
     def _retire_finished(self) -> None:
         still = []
@@ -295,7 +379,6 @@ class Engine:
             # prompt + output again (the sampled tokens are not drawn again).
             for sample in request.live_samples():
                 self.allocator.free_sequence(sample.seq_id)
-                sample.may_share_tail = False
             request.status = Status.WAITING
         self.waiting.appendleft(request)
 
@@ -303,23 +386,23 @@ class Engine:
         """Swap every live sample of the request to the CPU pool, if it has room for all of them."""
         alloc = self.allocator
         live = request.live_samples()
-        # Each swapped sequence gets private CPU copies, even of blocks it shared.
-        needed = sum(alloc.blocks_needed(alloc.get_num_tokens(s.seq_id)) for s in live)
-        if needed > alloc.num_free_cpu_blocks:
+        # Each table's blocks get private CPU copies, even the blocks it shared.
+        if sum(len(alloc.get_block_mapping(s.seq_id)) for s in live) > alloc.num_free_cpu_blocks:
             return False
         for sample in live:
             alloc.swap_out(sample.seq_id)
-            sample.may_share_tail = False
         return True
 
     # ------------------------------------------------------------ admission
     def _admit(self) -> List[Request]:
-        """Move waiting requests to running, oldest first, while blocks and batch slots allow.
+        """Move waiting requests to running, oldest first, while the allocator and batch slots allow.
 
-        Swapped requests come back by ``swap_in`` and simply decode next step; the others
-        are returned to be prefilled.
+        Each admission asks the allocator whether it fits and leaves the watermark free,
+        then takes its blocks at once (so the next question sees them taken); a request
+        with several samples is admitted whole or not at all. Swapped requests come back
+        by ``swap_in`` and simply decode next step; the others are returned to be
+        prefilled.
         """
-        alloc = self.allocator
         to_prefill: List[Request] = []
         slots = self.max_batch_size - self.num_running_seqs
         while self.waiting:
@@ -327,45 +410,59 @@ class Engine:
             live = request.live_samples()
             if len(live) > slots:
                 break
-            if request.status is Status.SWAPPED:
-                needed = sum(alloc.blocks_needed(alloc.get_num_tokens(s.seq_id)) for s in live)
-                if needed + self._watermark_blocks() > alloc.num_free_blocks:
-                    break
-                for sample in live:
-                    alloc.swap_in(sample.seq_id)
-                self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
-            elif not request.started:
-                # One allocation for the prompt; the other samples fork from it later.
-                if not alloc.can_allocate(len(request.prompt), token_ids=request.prompt, watermark=self.watermark):
-                    break
-                to_prefill.append(request)
-            else:
-                # Resuming after recompute preemption: each sample re-prefills its own tokens.
-                needed = sum(alloc.blocks_needed(len(request.prompt) + len(s.output)) for s in live)
-                if needed + self._watermark_blocks() > alloc.num_free_blocks:
-                    break
-                to_prefill.append(request)
+            # Move it first, so a failure below finds it among the running (see step()).
             self.waiting.popleft()
-            request.status = Status.RUNNING
             self.running.append(request)
+            if request.status is Status.SWAPPED:
+                admitted = self._swap_in(live)
+            else:
+                admitted = self._allocate(request)
+            if not admitted:
+                self.running.pop()
+                self.waiting.appendleft(request)
+                break
+            if request.status is not Status.SWAPPED:
+                to_prefill.append(request)
+            request.status = Status.RUNNING
             slots -= len(live)
-            if to_prefill and to_prefill[-1] is request:
-                self._allocate(request)  # now, so the next admission sees these blocks taken
+            self._peak_this_step = max(self._peak_this_step, self.allocator.num_used_blocks)
         return to_prefill
 
-    def _allocate(self, request: Request) -> None:
-        """Allocate the blocks of a request about to be prefilled; remember what to compute."""
+    def _swap_in(self, live: List[Sample]) -> bool:
+        """Swap every sample back in if the allocator says each fits; all or none."""
+        alloc = self.allocator
+        done: List[Sample] = []
+        for sample in live:
+            if not alloc.can_swap_in(sample.seq_id, watermark=self.watermark):
+                for back in done:  # their CPU blocks were freed just now, so this fits
+                    alloc.swap_out(back.seq_id)
+                return False
+            alloc.swap_in(sample.seq_id)
+            done.append(sample)
+        return True
+
+    def _allocate(self, request: Request) -> bool:
+        """Allocate what a request about to be prefilled needs, if the allocator says it fits; all or none.
+
+        A new request allocates its prompt once (its other samples fork after prefill); a
+        request resuming after recompute re-allocates each sample's prompt + output (cache
+        hits, the samples' shared prompt included, counted by the allocator).
+        """
         alloc = self.allocator
         chunks = []
         samples = request.live_samples() if request.started else request.samples[:1]
         for sample in samples:
             tokens = request.prompt + sample.output
+            if not alloc.can_allocate(len(tokens), token_ids=tokens, watermark=self.watermark):
+                for done, _, _ in chunks:
+                    alloc.free_sequence(done.seq_id)
+                return False
             cached = alloc.allocate_for_sequence(sample.seq_id, len(tokens), token_ids=tokens)
-            if not request.started:
-                request.num_cached_tokens = cached
             chunks.append((sample, tokens, cached))
-        self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
+        if not request.started:
+            request.num_cached_tokens = chunks[0][2]
         self._pending_prefill[request.request_id] = chunks
+        return True
 
     def _prefill(self, requests: List[Request]) -> Tuple[int, int, int]:
         """Compute the uncached tail of each admitted sequence, sample, fork new requests' samples.
@@ -396,7 +493,6 @@ class Engine:
             if fresh:
                 for child in request.samples[1:]:
                     alloc.fork(sample.seq_id, child.seq_id)
-                    child.may_share_tail = sample.may_share_tail = True
                 for each in request.samples:
                     self._take_token(request, each, logits[row])
                     generated += 1

@@ -21,6 +21,10 @@ class RequestTooLargeError(PagedKVError, ValueError):
         self.total = total
 
 
+class UnsupportedModelError(PagedKVError, ValueError):
+    """The engine cannot run this model (paged attention refuses its head sizes or dtype)."""
+
+
 class Status(Enum):
     WAITING = "waiting"  # never run, or preempted by recompute
     RUNNING = "running"
@@ -37,9 +41,6 @@ class Sample:
     generator: torch.Generator
     output: List[int] = field(default_factory=list)
     finished: bool = False
-    # After a fork its last (partial) block may be shared, so its next token may need a
-    # copy-on-write block even when it does not cross a block boundary.
-    may_share_tail: bool = False
 
 
 @dataclass(eq=False)
