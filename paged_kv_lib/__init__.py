@@ -5,7 +5,6 @@ Heavier parts (attention kernels, the engine, simulations, widgets, grading) liv
 submodules imported on demand.
 """
 
-from .allocator import AllocatorStats, PagedKVCacheAllocator
 from .block import Block, blocks_needed, cdiv
 from .block_table import BlockTable
 from .errors import (
@@ -26,6 +25,18 @@ from .free_queue import FreeBlockQueue
 from .prefix_cache import block_key, chain_keys
 
 __version__ = "0.1.0"
+
+_NEED_TORCH = {"AllocatorStats": ".allocator", "PagedKVCacheAllocator": ".allocator"}
+
+
+def __getattr__(name: str):  # the allocator imports torch: loaded on first use, so `paged-kv doctor` runs without it
+    if name in _NEED_TORCH:
+        import importlib
+
+        value = getattr(importlib.import_module(_NEED_TORCH[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "AllocatorStats",

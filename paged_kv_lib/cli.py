@@ -1,8 +1,9 @@
 """The ``paged-kv`` command.
 
 Subcommands live next to the code they drive; each such module has
-``register(subparsers)`` that adds its parser and sets ``func``. They are imported only
-when present, so the core command works with the core library alone.
+``register(subparsers)`` that adds its parser and sets ``func``. A subcommand whose
+module cannot be imported (torch missing or broken, say) is still listed and explains
+itself when run, so ``paged-kv doctor`` works, and says what is wrong, on a broken install.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import platform
 import sys
 from typing import List, Optional
 
-SUBCOMMAND_MODULES = (
-    "paged_kv_lib.simulate.cli",
-    "paged_kv_lib.engine_cli",
-    "paged_kv_lib.grading.cli",
-)
+SUBCOMMAND_MODULES = {
+    "simulate": "paged_kv_lib.simulate.cli",
+    "generate": "paged_kv_lib.engine.cli",
+    "grade": "paged_kv_lib.grading.cli",
+    "release": "paged_kv_lib.grading.release",
+}
 
 
 def _version(module: str) -> str:
@@ -28,13 +30,20 @@ def _version(module: str) -> str:
     return str(getattr(mod, "__version__", "installed"))
 
 
+def _library_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("paged-kv")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (a bare checkout)
+        return "installed"
+
+
 def doctor_report() -> List[tuple]:
     """(item, value) rows describing this environment, for ``paged-kv doctor`` and lesson 00."""
-    import paged_kv_lib
-
     rows = [
         ("python", platform.python_version()),
-        ("paged_kv_lib", paged_kv_lib.__version__),
+        ("paged_kv_lib", _library_version()),
         ("torch", _version("torch")),
         ("triton", _version("triton")),
         ("ipywidgets", _version("ipywidgets")),
@@ -83,15 +92,32 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     doctor = subparsers.add_parser("doctor", help="print versions and whether CUDA and widgets work")
     doctor.set_defaults(func=_doctor)
-    for name in SUBCOMMAND_MODULES:
+    for command, name in SUBCOMMAND_MODULES.items():
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name and name.startswith(exc.name):
                 continue  # that part of the library is not present
-            raise
+            _register_broken(subparsers, command, exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - a broken dependency (torch) must not break doctor
+            _register_broken(subparsers, command, exc)
+            continue
         module.register(subparsers)
     return parser
+
+
+def _register_broken(subparsers: argparse._SubParsersAction, command: str, exc: BaseException) -> None:
+    """A subcommand that cannot load: it prints why in one line and exits 2."""
+    reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    parser = subparsers.add_parser(command, help=f"(unavailable: {reason})", add_help=False)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(_args: argparse.Namespace) -> int:
+        print(f"paged-kv {command}: error: cannot load it ({reason}); run `paged-kv doctor`", file=sys.stderr)
+        return 2
+
+    parser.set_defaults(func=run)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

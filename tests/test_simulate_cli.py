@@ -94,3 +94,61 @@ def test_registered_in_the_paged_kv_command(capsys):
 
     assert main(["simulate", "--requests", "20", "--allocators", "paged", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["allocator"] == "paged"
+
+
+# ---------------------------------------------------------------------------------------
+# Sizes, plot paths and allocator lists are refused in one line, before any work
+
+
+def test_an_empty_allocator_list_is_an_error(capsys):
+    assert run_cli("--requests", "10", "--allocators", "") == 2
+    err = capsys.readouterr().err.strip()
+    assert "--allocators names no allocator" in err and len(err.splitlines()) == 1
+
+
+def test_a_size_the_machine_cannot_hold_is_refused_before_allocating(capsys):
+    import time
+
+    start = time.monotonic()
+    assert run_cli("--capacity-tokens", str(10 ** 13), "--block-size", "1", "--requests", "10") == 2
+    err = capsys.readouterr().err.strip()
+    assert time.monotonic() - start < 2, "refused from an estimate, not after allocating"
+    assert "needs about" in err and "ask for less" in err and len(err.splitlines()) == 1, err
+    assert run_cli("--requests", str(10 ** 9), "--allocators", "paged") == 2
+    assert "needs about" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("plot, message", [
+    ("/nonexistent-folder/waste.png", "no folder"),
+    ("waste.txt", "give a file ending in"),
+    (".", "give a file ending in"),
+])
+def test_plot_path_errors_are_one_line(tmp_path, capsys, plot, message):
+    assert run_cli("--requests", "20", "--plot", plot) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_the_memory_estimate_matches_the_measured_simulation_state():
+    """The per-block and per-request constants are upper bounds of what the simulation holds."""
+    import tracemalloc
+
+    from paged_kv_lib.allocator import PagedKVCacheAllocator
+
+    tracemalloc.start()
+    PagedKVCacheAllocator(20000, 1, 1, 1, allocate_cache=False)
+    per_block = tracemalloc.get_traced_memory()[1] / 20000
+    tracemalloc.reset_peak()
+    make_workload("sharegpt", 2000, 0)
+    per_request = tracemalloc.get_traced_memory()[1] / 2000
+    tracemalloc.stop()
+    assert per_block < sim_cli.BYTES_PER_BLOCK and per_request < sim_cli.BYTES_PER_REQUEST
+
+
+def test_ensure_fits_names_the_need_and_the_limit():
+    from paged_kv_lib.memcheck import TooLargeError, ensure_fits, human
+
+    ensure_fits(100, "x", available=1000)
+    with pytest.raises(TooLargeError, match=r"x needs about 1000.0 KiB, more than the 800.0 KiB"):
+        ensure_fits(1024 * 1000, "x", available=1024 * 1000)
+    assert human(1536) == "1.5 KiB" and human(3) == "3 B"

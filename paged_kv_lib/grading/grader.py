@@ -165,7 +165,8 @@ def find_course(notebook: Optional[Path] = None, course: Optional[Path] = None) 
 def find_pristine(name: str, search: Sequence[Path], submission: Optional[Path] = None) -> Path:
     """The file to take the pristine exercise ``name`` (``NN_topic``) from.
 
-    Each folder in ``search`` is tried for ``solutions/NAME.ipynb``, then ``NAME.ipynb``,
+    Each folder in ``search`` is tried for ``solutions/NAME.ipynb``, then ``pristine/NAME.ipynb``
+    (a released course's untouched copies), then ``NAME.ipynb``,
     then any ``NN_*.ipynb`` with the same number; a candidate must lie inside the folder
     searched, and the submission itself never counts (in the course repository learners
     edit ``exercises/NN_topic.ipynb`` in place, so the pristine version is generated from
@@ -176,7 +177,7 @@ def find_pristine(name: str, search: Sequence[Path], submission: Optional[Path] 
     for pattern in patterns:
         for folder in search:
             root = folder.resolve()
-            for sub in (folder / "solutions", folder):
+            for sub in (folder / "solutions", folder / "pristine", folder):
                 for candidate in sorted(sub.glob(pattern)):
                     inside = _inside(candidate, root)
                     if inside and candidate.is_file() and not _same_file(candidate, submission):

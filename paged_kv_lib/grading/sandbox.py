@@ -99,6 +99,10 @@ def command(spec: SandboxSpec, argv: Sequence[str], resolved_mode: str) -> List[
         "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/run",
         "--unshare-all", "--die-with-parent", "--new-session",
     ]
+    tmp = Path("/tmp").resolve()
+    for path in sorted(set(needed)):  # what the kernel needs from /tmp (a virtual environment there) comes back read-only
+        if path != tmp and _covers(tmp, path) and path.exists():
+            cmd += ["--ro-bind", str(path), str(path)]
     for folder in spec.hidden:
         folder = folder.resolve()
         if not folder.is_dir() or any(_covers(folder, n) for n in needed) or _covers(folder, workdir):

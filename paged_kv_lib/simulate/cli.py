@@ -8,6 +8,7 @@ import os
 import sys
 from typing import List
 
+from ..memcheck import ensure_fits
 from .metrics import SimResult
 from .plots import label
 from .reservation import FITS
@@ -15,6 +16,11 @@ from .runner import ALLOCATORS, DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY, simulate
 from .workloads import DEFAULT_MAX_LEN, DEFAULT_RATE, TRACES, Workload, WorkloadError, load_workload, make_workload
 
 DEFAULT_REQUESTS = 1000
+# Measured peaks of the simulation's own state (tracemalloc): a paged allocator's block with its
+# bookkeeping, and a request with its samples and scheduler entries, with room to spare.
+BYTES_PER_BLOCK = 400
+BYTES_PER_REQUEST = 4096
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
 
 def register(subparsers) -> None:
@@ -58,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         sizes = _int_list(args.block_size, "--block-size")
         allocators = [a.strip() for a in args.allocators.split(",") if a.strip()]
+        if not allocators:
+            raise ValueError(f"--allocators names no allocator; choose from {', '.join(ALLOCATORS)}")
+        if args.plot:
+            _check_plot_path(args.plot)
+        ensure_fits(estimated_bytes(args, sizes, allocators),
+                    f"simulating {_requests(args)} requests in {args.capacity_tokens} token slots")
         workload = _workload(args)
         bar = _progress(args, workload, allocators, sizes)
         try:
@@ -82,7 +94,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from .plots import plot_results
 
-        plot_results(results, args.plot, title=f"{workload.name}, {args.capacity_tokens} token slots")
+        try:
+            plot_results(results, args.plot, title=f"{workload.name}, {args.capacity_tokens} token slots")
+        except (OSError, ValueError) as exc:
+            print(f"paged-kv simulate: error: --plot {args.plot}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}",
+                  file=sys.stderr)
+            return 2
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0
@@ -111,6 +128,38 @@ def format_table(results: List[SimResult]) -> str:
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
     return "\n".join(lines)
+
+
+def _requests(args: argparse.Namespace) -> int:
+    if args.requests is not None:
+        return max(0, args.requests)
+    return DEFAULT_REQUESTS if args.workload in TRACES else 0
+
+
+def estimated_bytes(args: argparse.Namespace, sizes: List[int], allocators: List[str]) -> int:
+    """The simulation's peak memory, estimated before anything is built: the largest pool it makes
+    (one allocator row runs at a time) plus the requests."""
+    capacity = max(0, args.capacity_tokens)
+    blocks = capacity // max(1, min(sizes)) if "paged" in allocators and sizes else 0
+    contiguous = capacity // 8 * 8 if any(a != "paged" for a in allocators) else 0
+    trace = 0
+    if args.workload not in TRACES and os.path.isfile(args.workload):
+        trace = os.path.getsize(args.workload) * 8
+    return max(blocks * BYTES_PER_BLOCK, contiguous) + _requests(args) * BYTES_PER_REQUEST + trace
+
+
+def _check_plot_path(path: str) -> None:
+    """Refuse, before simulating, a plot file that cannot be written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in PLOT_SUFFIXES:
+        raise ValueError(f"--plot {path}: give a file ending in {', '.join(PLOT_SUFFIXES)}")
+    if os.path.isdir(path):
+        raise ValueError(f"--plot {path}: is a folder")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--plot {path}: no folder {folder}")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--plot {path}: cannot write in {folder}")
 
 
 def _int_list(text: str, flag: str) -> List[int]:

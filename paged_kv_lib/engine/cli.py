@@ -6,11 +6,14 @@ import argparse
 import sys
 from typing import List
 
-import torch
+from ..errors import PagedKVError
+from ..memcheck import TooLargeError, ensure_fits
+from .loop import PREEMPTION_MODES, Engine
+from .requests import RequestOutput
 
-from .engine import PREEMPTION_MODES, Engine, RequestOutput
-from .errors import PagedKVError
-from .model import ModelConfig, TinyTransformer, load_tiny_model
+# Bytes per cached value (the tiny model's float32) and per block of bookkeeping besides the K/V.
+_VALUE_BYTES = 4
+_BLOCK_OVERHEAD_BYTES = 256
 
 
 def register(subparsers) -> None:
@@ -49,6 +52,15 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.threads < 1:
         print(f"paged-kv generate: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
         return 2
+    try:
+        ensure_fits(kv_cache_bytes(args), "the KV cache (--num-blocks, --cpu-blocks, --block-size)")
+    except TooLargeError as exc:
+        print(f"paged-kv generate: error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from ..model import ModelConfig, TinyTransformer, load_tiny_model
+
     torch.set_num_threads(args.threads)
     model = TinyTransformer(ModelConfig(), seed=args.seed or 0).eval() if args.random_weights else load_tiny_model()
     try:
@@ -73,6 +85,16 @@ def run_generate(args: argparse.Namespace) -> int:
     print()
     print("\n".join(format_stats(engine)))
     return 0
+
+
+def kv_cache_bytes(args: argparse.Namespace) -> int:
+    """The bytes the engine's device and CPU pools take for the tiny model (K and V, every layer)."""
+    from ..model import ModelConfig
+
+    cfg = ModelConfig()
+    blocks = max(0, args.num_blocks) + max(0, args.cpu_blocks)
+    per_block = 2 * cfg.num_layers * cfg.num_kv_heads * (cfg.dim // cfg.num_heads) * max(0, args.block_size) * _VALUE_BYTES
+    return blocks * (per_block + _BLOCK_OVERHEAD_BYTES)
 
 
 def format_outputs(outputs: List[RequestOutput], prompts: List[str]) -> List[str]:

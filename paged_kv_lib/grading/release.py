@@ -1,0 +1,126 @@
+"""``paged-kv release --out DIR``: the learner's course, without the solutions.
+
+The release holds the lessons, the learner versions of the exercises (generated afresh
+from the solutions, so they cannot be stale), a pristine copy of each learner version in
+``exercises/pristine/`` (what ``paged-kv grade`` compares against in a released course),
+the library, the docs and the files that install it. It leaves out
+``exercises/solutions/`` and ``tests/`` (whose planted-solution tests hold working
+answers), and refuses to finish if any released notebook still holds a solution region.
+The instructor keeps the solutions in their own checkout and grades with
+``paged-kv grade --course CHECKOUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+from .notebook_tasks import BEGIN_MARKER, END_MARKER
+
+# What a learner's course is made of, relative to the course folder.
+RELEASED = ("lessons", "exercises", "paged_kv_lib", "docs", "benchmarks", "scripts", "README.md", "LICENSE",
+            "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
+PRISTINE_DIR = "pristine"
+_SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+class ReleaseError(RuntimeError):
+    """The release cannot be built (one line for the command to print)."""
+
+
+def _ignore(folder: str, names: List[str]) -> List[str]:
+    skip = [n for n in names if n in _SKIP_NAMES or n.endswith((".pyc", ".egg-info"))]
+    if Path(folder).name == "exercises":
+        skip += [n for n in names if n in ("solutions", PRISTINE_DIR)]
+    return skip
+
+
+def build_release(course: Path, out: Path) -> List[Path]:
+    """Write the learner's course from ``course`` into ``out`` (which must not exist or be empty);
+    return the files written."""
+    from .generate import generate, solution_paths
+
+    course = course.resolve()
+    out = out.resolve()
+    solutions = course / "exercises" / "solutions"
+    if not solutions.is_dir():
+        raise ReleaseError(f"{course}: no exercises/solutions/ folder (release from the instructor's checkout)")
+    if out == course or course in out.parents:
+        raise ReleaseError(f"--out {out}: must lie outside the course folder {course}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ReleaseError(f"--out {out}: exists and is not an empty folder")
+    staging = out.with_name(f".{out.name}.partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        for name in RELEASED:
+            source = course / name
+            if source.is_dir():
+                shutil.copytree(source, staging / name, ignore=_ignore)
+            elif source.is_file():
+                shutil.copy2(source, staging / name)
+        exercises = staging / "exercises"
+        exercises.mkdir(exist_ok=True)
+        generate(solutions, exercises)  # learner versions, fresh from the solutions
+        pristine = exercises / PRISTINE_DIR
+        pristine.mkdir()
+        for path in solution_paths(solutions):
+            shutil.copy2(exercises / path.name, pristine / path.name)
+        leaks = [p for p in staging.rglob("*.ipynb") if BEGIN_MARKER in p.read_text(encoding="utf-8")
+                 or END_MARKER in p.read_text(encoding="utf-8")]
+        if leaks:
+            raise ReleaseError(f"{leaks[0].relative_to(staging)} still holds a solution region; not released")
+        if (staging / "exercises" / "solutions").exists():
+            raise ReleaseError("exercises/solutions/ would be released")
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return sorted(p for p in out.rglob("*") if p.is_file())
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``release`` subcommand to the ``paged-kv`` command."""
+    parser = subparsers.add_parser(
+        "release",
+        help="write the learner's course (lessons, exercises, library) without the solutions",
+        description=(
+            "Copy the course into DIR for learners: lessons, freshly generated learner versions of the "
+            "exercises (and a pristine copy of each for `paged-kv grade`), the library, docs and install "
+            "files; no exercises/solutions/, no tests/."
+        ),
+    )
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write the release")
+    parser.add_argument("--course", type=Path, default=None, metavar="DIR",
+                        help="the course checkout to release (default: found above the current folder)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``paged-kv release``."""
+    from .grader import InputError, PristineNotFoundError, find_course
+    from .notebook_tasks import ExerciseSpecError
+
+    try:
+        course = find_course(None, args.course)
+        files = build_release(course, args.out)
+    except (ReleaseError, InputError, PristineNotFoundError, ExerciseSpecError, OSError) as exc:
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+    notebooks = sum(1 for f in files if f.suffix == ".ipynb")
+    print(f"released {course} to {args.out}: {len(files)} files, {notebooks} notebooks, no solutions")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="paged-kv release")
+    sub = parser.add_subparsers()
+    register(sub)
+    return run(parser.parse_args(["release", *(argv or sys.argv[1:])]))
