@@ -64,8 +64,18 @@ bench: install
 	$(PY) benchmarks/simulate.py
 
 ## On a CUDA machine: GPU tests, kernel benchmark and the last lesson; results in $GPU_CHECK_OUT.
+## gpu_check.py's status is kept: make reports "Error N" with N = 1 a step failed, 2 no CUDA GPU,
+## 3 a target missed, after one line saying which.
 gpu-check: install
-	$(PY) benchmarks/gpu_check.py
+	@$(PY) benchmarks/gpu_check.py; status=$$?; \
+	case $$status in \
+	  0) ;; \
+	  1) echo "make gpu-check: exit 1: a step failed (tests, benchmark or lesson 09)" >&2 ;; \
+	  2) echo "make gpu-check: exit 2: no CUDA GPU or Triton here; run it on a GPU machine" >&2 ;; \
+	  3) echo "make gpu-check: exit 3: every step passed but a performance target was missed" >&2 ;; \
+	  *) echo "make gpu-check: exit $$status" >&2 ;; \
+	esac; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info gpu-check-out test-artifacts

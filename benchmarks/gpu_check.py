@@ -2,17 +2,20 @@
 
     python benchmarks/gpu_check.py          (or: make gpu-check)
 
-Runs, each in a subprocess with its share of a five-minute budget:
+Runs, each in a subprocess with its share of a seven-minute budget:
 
-1. pytest on the attention tests (the CUDA-only ones included);
+1. pytest on the attention tests (the CUDA-only ones included), on four pytest-xdist
+   workers with each file kept on one worker, so kernel compiles overlap;
 2. ``benchmarks/attention.py`` on large bf16 batches (block size 16, 1 GiB of K/V and
-   more per call) with a launch-settings sweep;
+   more per call), every fused SDPA backend and the ragged alternatives, and a sweep of
+   launch settings and split counts;
 3. ``lessons/09_paged_attention.ipynb`` through nbclient, if the notebook exists.
 
 Everything lands in ``$GPU_CHECK_OUT`` (default ``gpu-check-out/``): each step's output
 as text, the benchmark as JSON, and ``summary.json`` / ``summary.txt`` judging the
 figures against the targets (>= 60% of copy bandwidth on large work, 75% the goal;
->= 0.8x SDPA's speed on equal lengths; faster than SDPA on ragged ones).
+>= 0.8x the fastest SDPA backend on equal lengths; faster than the best ragged
+alternative: padded SDPA, a per-sequence SDPA loop or FlexAttention).
 
 Exit status: 0 all passed; 1 a step failed; 2 no CUDA; 3 steps passed but a target missed.
 """
@@ -30,8 +33,9 @@ from pathlib import Path
 from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
-BUDGET_S = 290  # the whole check, so `make gpu-check` stays under five minutes
-STEP_CAPS_S = {"tests": 170, "benchmark": 110, "notebook": 100}
+BUDGET_S = 420  # the whole check, so `make gpu-check` stays under seven minutes
+STEP_CAPS_S = {"tests": 170, "benchmark": 170, "notebook": 90}
+TEST_WORKERS = 4
 NOTEBOOK = ROOT / "lessons" / "09_paged_attention.ipynb"
 TEST_FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_attention*.py"))
 
@@ -155,10 +159,18 @@ def judge(bench: dict) -> List[dict]:
 
     equal, ragged = "equal 64x4096", "ragged 128 in [64,8192]"
     add("copy bandwidth fraction (equal, 1 GiB)", equal, "fraction_of_copy_bw", TARGETS["min_fraction_of_copy_bw"])
-    add("copy bandwidth fraction (ragged, 2 GiB)", ragged, "fraction_of_copy_bw", TARGETS["min_fraction_of_copy_bw"])
-    add("speed vs SDPA, equal lengths", equal, "speed_vs_sdpa", TARGETS["min_speed_vs_sdpa_equal"])
-    add("speed vs SDPA, ragged lengths", ragged, "speed_vs_sdpa", TARGETS["min_speed_vs_sdpa_ragged"])
+    add("copy bandwidth fraction (ragged, 1 GiB real)", ragged, "fraction_of_copy_bw", TARGETS["min_fraction_of_copy_bw"])
+    add("speed vs the fastest SDPA backend, equal lengths", equal, "speed_vs_sdpa", TARGETS["min_speed_vs_sdpa_equal"])
+    add("speed vs the best ragged alternative", ragged, "speed_vs_best_alternative", TARGETS["min_speed_vs_sdpa_ragged"])
     return rows
+
+
+def _ms(value: object) -> str:
+    return f"{value:.3f} ms" if isinstance(value, (int, float)) else "-"
+
+
+def _ratio(value: object) -> str:
+    return f"{value:.2f}x" if isinstance(value, (int, float)) else "-"
 
 
 def write_summary(out_dir: Path, env: dict, steps: List[dict], targets: List[dict], bench: dict) -> str:
@@ -172,12 +184,21 @@ def write_summary(out_dir: Path, env: dict, steps: List[dict], targets: List[dic
         for r in bench.get("results", []):
             pct = r.get("fraction_of_copy_bw")
             lines.append(
-                f"{r['case']:<26} paged {r['paged_ms']:.3f} ms  SDPA {r['sdpa_ms']:.3f} ms  "
-                f"SDPA/paged {r['speed_vs_sdpa']:.2f}x  {r.get('paged_gbps') or 0:.0f} GB/s"
+                f"{r['case']:<26} paged {_ms(r['paged_ms'])}  fastest SDPA ({r.get('sdpa_backend') or 'none'}) "
+                f"{_ms(r.get('sdpa_ms'))}  SDPA/paged {_ratio(r.get('speed_vs_sdpa'))}  "
+                f"best alternative ({r.get('best_alternative') or 'none'}) {_ms(r.get('best_alternative_ms'))}  "
+                f"alt/paged {_ratio(r.get('speed_vs_best_alternative'))}  {r.get('paged_gbps') or 0:.0f} GB/s"
                 + (f"  {100 * pct:.1f}% of copy" if pct else "")
             )
-        if bench.get("tuning"):
-            lines.append(f"fastest launch settings: {bench['tuning'][0]}")
+            if r.get("sdpa_backends"):
+                lines.append("    SDPA backends: " + ", ".join(f"{k} {_ms(v)}" for k, v in r["sdpa_backends"].items()))
+            memory = r.get("memory") or {}
+            if memory:
+                lines.append("    memory: " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in memory.items()))
+        for label, part in (bench.get("tuning") or {}).items():
+            best = next((row for row in part.get("rows", []) if "ms" in row), None)
+            lines.append(f"tuning {label} on {part.get('case')}: fastest {best}; default {part.get('default')} "
+                         f"at {_ms(part.get('default_ms'))}")
     lines.append("")
     for t in targets:
         value = "missing" if t["value"] is None else f"{t['value']:.3f}"
@@ -207,6 +228,7 @@ def main() -> int:
         run_step(
             "tests",
             [sys.executable, "-m", "pytest", *TEST_FILES, "-q", "-rs", "-p", "no:randomly",
+             "-n", str(TEST_WORKERS), "--dist", "loadfile",
              "--timeout", "150", f"--junitxml={out_dir / 'tests.xml'}"],
             out_dir, budget.for_step(STEP_CAPS_S["tests"]),
         )
