@@ -250,6 +250,8 @@ def check_write_kv_padded(my_write_kv: Callable[..., None]) -> None:
             keep = slots >= 0
             want_k, want_v = k_cache.clone(), v_cache.clone()
             write_slots(want_k, want_v, slots[keep], k[keep], v[keep])
+            swapped = {"k_cache": k_cache.clone(), "v_cache": v_cache.clone()}
+            write_slots(swapped["k_cache"], swapped["v_cache"], slots[keep], v[keep], k[keep])
             before_k = k_cache.clone()
             args = (k_cache, v_cache, slots.clone(), k.clone(), v.clone())
             call = (f"my_write_kv(k_cache of shape {tuple(k_cache.shape)} ({dtype}), v_cache, "
@@ -269,11 +271,16 @@ def check_write_kv_padded(my_write_kv: Callable[..., None]) -> None:
                 elif not set(wrong) & set(slots[keep].tolist()) or set(wrong) - set(slots.tolist()):
                     hint = ("slots that should not change did: a slot s is block s // block_size, offset "
                             "s % block_size, and this layout keeps the heads between the two")
+                elif torch.equal(got, swapped[name]):
+                    hint = f"{name} received the other tensor's vectors: K goes to k_cache, V to v_cache"
                 else:
                     hint = "the right slots changed, with the wrong values: token i's vectors go to slot_mapping[i]"
-                raise fail(f"{call}  then {name}",
-                           f"a {name} with new vectors at slots {slots[keep].tolist()}, every other slot unchanged",
-                           f"a {name} that differs at slots {wrong[:10]}", hint)
+                first = wrong[0]
+                where = f"{name}[{first // bs}, :, {first % bs}, :]"
+                raise fail(f"{call}  then {where} (slot {first})", want[first // bs, :, first % bs, :],
+                           got[first // bs, :, first % bs, :],
+                           f"{name} differs at slots {wrong[:10]}; new vectors belong at slots "
+                           f"{slots[keep].tolist()}, every other slot stays as it was. {hint}")
             if not (torch.equal(args[2], slots) and torch.equal(args[3], k) and torch.equal(args[4], v)):
                 raise fail(call + "  then slot_mapping, k, v", "unchanged", "changed",
                            "your function modified its inputs; only the caches may change")

@@ -146,7 +146,7 @@ def test_write_into_a_copy_fails():
 
 
 def test_write_that_swaps_k_and_v_fails():
-    assert "differs at slots" in fails(check_write_kv_padded, lambda kc, vc, s, k, v: write_kv(kc, vc, s, v, k))
+    assert "K goes to k_cache" in fails(check_write_kv_padded, lambda kc, vc, s, k, v: write_kv(kc, vc, s, v, k))
 
 
 def test_write_that_modifies_k_fails():
