@@ -18,9 +18,10 @@ a run can cross a line break but re-indenting or commenting does not break it. L
 lines that start with an IPython magic (``%``, ``!``) are blanked first. A run never
 crosses the border between two solution regions or two lesson cells.
 
-Coverage is counted per lesson cell set as a whole (a token is covered when some common
-run with some lesson cell contains it); the failure message names the lesson cell that
-covers the most tokens and quotes its first lines.
+Coverage is a union over all lesson code: a solution token counts when some common run
+with any lesson cell contains it (an answer printed in pieces across cells or lessons is
+still caught). The failure message names the lesson cell that covers the most tokens
+and quotes its first lines.
 
 Run it alone: ``.venv/bin/python -m pytest tests/test_answers_not_in_lessons.py -q``; or
 ``.venv/bin/python tests/test_answers_not_in_lessons.py`` prints every task's share.
