@@ -54,6 +54,12 @@ test-browser: install
 exercises: install
 	$(PY) -m paged_kv_lib.grading.generate
 
+## The learner's course without exercises/solutions/ or tests/, into $(RELEASE_DIR) (outside this folder).
+RELEASE_DIR ?= ../paged-kv-release
+.PHONY: release
+release: install
+	$(VENV)/bin/paged-kv release --out $(RELEASE_DIR)
+
 ## Benchmarks that print figures (docs/benchmarks.md holds the latest).
 bench: install
 	$(PY) benchmarks/allocator_ops.py

@@ -413,3 +413,14 @@ def test_batch_grades_a_class_into_exact_gradebook_rows(tmp_path, capsys):
     assert len(body) == 15
     summary = {line.split()[0]: line.split()[2] for line in out.splitlines() if line.split()[:1] in (["ana"], ["ben"], ["cat"], ["dan"], ["eve"])}
     assert summary == {"ana": "6/6", "ben": "1/6", "cat": "0/6", "dan": "0/6", "eve": "1/6"}
+
+
+def test_importing_the_grading_package_pulls_in_no_widgets():
+    import subprocess
+    import sys
+
+    code = ("import sys, paged_kv_lib.grading, paged_kv_lib.grading.grader, paged_kv_lib.grading.batch, "
+            "paged_kv_lib.grading.judge; print(sorted(m for m in ('IPython', 'ipywidgets') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
