@@ -102,7 +102,8 @@ class LearnerBackedAllocator:
 
     @property
     def num_free_blocks(self) -> int:
-        return self._free_count("reading num_free_blocks")
+        # The learner's count was checked equal to this after every call that changes it.
+        return self.num_blocks - len(self._holders)
 
     @property
     def num_used_blocks(self) -> int:
@@ -212,9 +213,20 @@ class LearnerBackedAllocator:
         num_tokens = as_count(num_tokens, "num_tokens")
         length = self._lengths[seq_id] + num_tokens
         call = f"append_tokens({seq_id}, {num_tokens})"
+        _, must_copy = self._append_cost(seq_id, num_tokens)
         returned = self.inner.append_tokens(seq_id, num_tokens)
         after = self._read_table(seq_id, length, call)
         replaced = [(old, new) for old, new in zip(before, after) if old != new]
+        if must_copy and not replaced:
+            raise AllocatorContractError(
+                f"{call} wrote into block {before[-1]}, which {self._holders[before[-1]]} sequences hold and "
+                "which is not full: no copy-on-write (the writer must get a private copy first)"
+            )
+        if replaced and (not must_copy or replaced != [(before[-1], after[len(before) - 1])]):
+            raise AllocatorContractError(
+                f"{call} replaced blocks {[old for old, _ in replaced]} of {before}: only a shared, not full "
+                "last block is copied on write"
+            )
         placed = [new for _, new in replaced] + after[len(before):]
         self._uninstall(seq_id)
         self._expect_fresh(placed, call)

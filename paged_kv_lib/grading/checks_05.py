@@ -188,7 +188,8 @@ def serve_through_engine(cls: Any, task: str, *, n: int) -> None:
             call = (f"engine_for(model, {NAME}, num_blocks={blocks}, block_size={bs})"
                     f".generate(<3 prompts of 21, 14, 25 tokens>, {max_new}, n={n}"
                     + (f", temperature={temperature}, seed=4)" if n > 1 else ")"))
-            engine = call_learner(engine_for, (model, cls), call, "an engine",
+            mine = call_learner(cls, (blocks, bs), f"{NAME}({blocks}, {bs})", "an allocator object")
+            engine = call_learner(engine_for, (model, mine), call, "an engine",
                                   num_blocks=blocks, block_size=bs, watermark=0.0)
             outputs = call_learner(engine.generate, (prompts, max_new), call, want,
                                    n=n, temperature=temperature, seed=4)
@@ -197,7 +198,7 @@ def serve_through_engine(cls: Any, task: str, *, n: int) -> None:
                 raise fail(call, want, got, "the bookkeeping looked right call by call, but the tokens differ: "
                            "a sequence reads K/V it does not own (a block shared without copy-on-write, "
                            "or handed out twice)")
-            left = call_learner(lambda: engine.allocator.inner.num_free_blocks, (), call + " then num_free_blocks", blocks)
+            left = call_learner(lambda: mine.num_free_blocks, (), call + " then num_free_blocks", blocks)
             expect_equal(call + " then num_free_blocks", blocks, left,
                          "every request finished and freed its sequences: every block must be free again")
     passed(task)
