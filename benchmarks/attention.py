@@ -297,8 +297,13 @@ def flex_attention_call(t: dict, device: torch.device) -> Callable[[], torch.Ten
 # ------------------------------------------------------------------------ running
 def run_case(
     case: Case, device: torch.device, backend: str, copy_gbps: Optional[float], budget_s: float = 1.0,
+    with_flex: bool = True,
 ) -> Result:
-    """Time the paged kernel and every alternative that runs; check all agree first."""
+    """Time the paged kernel and every alternative that runs; check all agree first.
+
+    ``budget_s`` bounds each CPU measurement; ``with_flex=False`` leaves FlexAttention out
+    (importing it loads torch's compiler stack, several seconds on a small machine).
+    """
     t = build(case, device)
     paged = lambda: paged_attention(  # noqa: E731
         t["q"], t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], backend=backend, check_values=False
@@ -344,6 +349,8 @@ def run_case(
         if extra is not None:
             memory[f"peak_extra_bytes {PER_SEQUENCE_LOOP}"] = extra
         try:
+            if not with_flex:
+                raise RuntimeError("left out (with_flex=False)")
             flex = flex_attention_call(t, device)
             out = flex()[:, :, 0]
             if not agrees(out):
