@@ -227,6 +227,21 @@ def test_merge_split_cap():
     assert_matches(decode(batch, num_splits=256), sdpa_decode(batch), torch.float32)
 
 
+def test_splits_are_sized_by_each_sequences_own_length():
+    """A 200-token sequence in a table 1,000 tokens wide, cut into 4 splits: sized by its own
+    length every split gets tokens (64, 64, 64, 8); sized by the table's width the first
+    split would take all 200 and the other three would idle."""
+    batch = make_paged_batch([200, 1000], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=8, device=DEVICE)
+    out = torch.empty_like(batch.q)
+    attend, merge = plan_decode(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                0.25, out, num_splits=4)
+    attend.run()
+    part_sum = attend.args[8]  # [num_seqs, num_q_heads, num_splits]: each split's softmax denominator
+    assert (part_sum[0] > 0).all() and (part_sum[1] > 0).all()
+    merge.run()
+    assert_matches(out, sdpa_decode(batch, scale=0.25), torch.float32)
+
+
 def test_choose_num_splits():
     assert choose_num_splits(64, 8, 4096, num_sms=132) == 1  # enough programs already
     assert choose_num_splits(1, 8, 100, num_sms=132) == 1  # too short to split
