@@ -12,7 +12,7 @@ LAB_ARGS ?=
 JOBS ?= 2
 XDIST := -n $(JOBS) --dist loadfile
 
-.PHONY: install lab test test-fast test-notebooks test-browser exercises bench gpu-check clean
+.PHONY: install lab lint test test-fast test-notebooks test-browser exercises bench gpu-check clean
 
 install: $(STAMP)
 
@@ -33,14 +33,19 @@ lab: install
 	  echo "make lab: no display here, so no browser opens: open the http://127.0.0.1:... link printed below"; fi; \
 	set -x; $(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/lessons/00_setup.ipynb $$extra $(LAB_ARGS)
 
-## Every test: unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
-test: install
+## Lint: ruff on the code, mypy on the library (settings in pyproject.toml).
+lint: install
+	$(PY) -m ruff check paged_kv_lib tests benchmarks scripts
+	$(PY) -m mypy
+
+## Every test: lint, unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
+test: lint
 	$(PY) -m pytest $(XDIST) tests
 	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)
 
-## Unit and property tests only.
+## While working: unit and property tests without the slow ones (listed in tests/conftest.py), under a minute.
 test-fast: install
-	$(PY) -m pytest $(XDIST) tests
+	$(PY) -m pytest -n $(JOBS) -p no:nbval -m "not slow" tests
 
 test-notebooks: install
 	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)

@@ -83,9 +83,8 @@ class KVStore:
                 raise InvalidTypeError(f"positions must hold integers, got dtype {positions.dtype}")
             pos = positions.reshape(-1).to(device=self.device, dtype=torch.int64)
         else:
-            if isinstance(positions, (int, bool)) or hasattr(positions, "__index__"):
-                positions = [positions]  # type: ignore[list-item]
-            values = [as_count(p, "position", minimum=-(2**62)) for p in positions]  # type: ignore[union-attr]
+            items = [positions] if isinstance(positions, int) or hasattr(positions, "__index__") else positions
+            values = [as_count(p, "position", minimum=-(2**62)) for p in items]
             pos = torch.tensor(values, dtype=torch.int64, device=self.device)
         if pos.numel():
             low, high = int(pos.min()), int(pos.max())

@@ -1,6 +1,13 @@
 """Shared test setup: Triton's CPU interpreter unless a GPU is present, and hypothesis profiles."""
 
 import os
+import sys
+
+# jsonschema (under nbformat) imports the optional rfc3987_syntax, which builds a parser at
+# import time: about 3-8 s per process, once per xdist worker. Nothing here validates IRIs,
+# so tests run as they would without that optional package. (Under `make test`, nbval's
+# plugin has imported it before this file runs; `make test-fast` passes -p no:nbval.)
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 # Must happen before anything imports triton (the interpreter is chosen at import time).
 try:
@@ -20,8 +27,6 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=20)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-import sys  # noqa: E402
-
 # Let test modules import tests/helpers.py.
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -35,3 +40,48 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------- slow tests
+# `make test-fast` runs `pytest -m "not slow"`. Tests are marked slow here, by name, so the
+# list lives in one place and no test file needs editing. Whole files (a path relative to
+# tests/, or a folder ending in "/"):
+SLOW_FILES = {
+    "browser/",  # a real Chromium driving JupyterLab
+    "test_exercises_gates.py",  # executes every exercise notebook, solved and unsolved
+    "test_grader.py",  # the grader runs notebooks in fresh kernels
+    "test_grader_attacks.py",
+    "test_attention_triton.py",  # every kernel through the Triton interpreter
+    "test_attention_cuda.py",  # GPU shapes (skipped without CUDA anyway)
+    "test_bench_attention_smoke.py",  # benchmarks in subprocesses
+    "test_kernel_compile_sm90.py",
+    "test_gpu_check.py",
+    "test_cli_commands.py",  # the installed command in subprocesses
+    "test_hf_peer.py",  # imports transformers and builds a Llama
+    "test_simulate_paper.py",  # paper-sized simulations
+    "test_allocator_stateful.py",  # hypothesis state machines with many steps
+}
+# Single tests, by the end of their node id (class::test or file::test):
+SLOW_TESTS = {
+    "test_free_queue.py::TestQueueMachine::runTest",  # a state machine
+}
+
+
+def _slow(path, is_dir: bool = False) -> bool:
+    rel = os.path.relpath(str(path), os.path.dirname(__file__)).replace(os.sep, "/") + ("/" if is_dir else "")
+    return any(rel == f or (f.endswith("/") and rel.startswith(f)) for f in SLOW_FILES)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m "not slow"``, do not even import a file whose every test is slow: collection
+    (torch, triton, the notebook tooling, once per xdist worker) is much of a fast run."""
+    if (config.getoption("markexpr", "") or "").replace(" ", "") != "notslow":
+        return None
+    return True if _slow(collection_path, collection_path.is_dir()) else None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        node = item.nodeid.replace(os.sep, "/")
+        if _slow(item.path) or any(node.endswith(t) for t in SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)

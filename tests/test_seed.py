@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
