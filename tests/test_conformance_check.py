@@ -11,6 +11,7 @@ import pytest
 
 from paged_kv_lib.conformance import check_allocator
 from paged_kv_lib.conformance.differential import OPERATIONS, PARTS
+from paged_kv_lib.seed import seed_growth_rule
 
 from reference_allocator import ReferenceAllocator
 
@@ -63,7 +64,7 @@ class SeedGrowth(ReferenceAllocator):
             raise ValueError(f"sequence {seq_id} is not allocated")
         placed = []
         for _ in range(num_tokens):
-            if (self.num_tokens[seq_id] + 1) % self.block_size == 0:
+            if seed_growth_rule(self.num_tokens[seq_id], self.block_size):
                 if not self.free_queue:
                     raise RuntimeError("out of blocks")
                 placed += self._take(1)
