@@ -123,9 +123,9 @@ class AllocatorSteps:
                             "a block taken before a token needs it sits empty")
                 return (f"growing {length} tokens by {grown} needs {len(want)} blocks of {bs} in all: "
                         "some new token has no slot")
-            last = len(old_table) - 1
-            copied = old_table and want[last] != old_table[-1]
-            learner_copied = old_table and got[last] != old_table[-1]
+            tail = len(old_table) - 1
+            copied = bool(old_table) and want[tail] != old_table[-1]
+            learner_copied = bool(old_table) and got[tail] != old_table[-1]
             if copied and not learner_copied:
                 return (f"no copy-on-write: block {old_table[-1]} is shared and not full, so the new token "
                         "would be written into a block other sequences read")

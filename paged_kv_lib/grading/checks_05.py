@@ -217,7 +217,7 @@ class RecordingModel(TinyTransformer):
         super().__init__(config, seed=seed)
         self.chunk_lengths: List[List[int]] = []
 
-    def forward_paged(self, allocator, seq_ids, chunks, *, write=None):  # type: ignore[override]
+    def forward_paged(self, allocator, seq_ids, chunks, *, write=None):
         self.chunk_lengths.append([len(c) for c in chunks])
         return super().forward_paged(allocator, seq_ids, chunks, write=write)
 

@@ -221,11 +221,11 @@ class CountingList(list):
         super().__init__(values)
         self.reads = 0
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         self.reads += 1 if isinstance(index, int) else len(self)
         return super().__getitem__(index)
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self):
         self.reads += len(self)
         return super().__iter__()
 
@@ -233,7 +233,7 @@ class CountingList(list):
         self.reads += len(self)
         return super().__contains__(value)
 
-    def index(self, *args: Any) -> int:  # type: ignore[override]
+    def index(self, *args: Any) -> int:
         self.reads += len(self)
         return super().index(*args)
 
@@ -241,7 +241,7 @@ class CountingList(list):
         self.reads += len(self)
         return super().count(value)
 
-    def copy(self) -> List[int]:  # type: ignore[override]
+    def copy(self) -> List[int]:
         self.reads += len(self)
         return list(super().__iter__())
 
