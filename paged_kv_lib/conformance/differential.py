@@ -240,8 +240,7 @@ class _Run:
             shared = n < len(ids) * self.block_size and self.ref.blocks[ids[-1]].ref_count > 1
             note = ", its last block shared and not full" if shared else ""
             parts.append(f"sequence {s} holds {n} token{'s' if n != 1 else ''}{note}")
-        parts.append(f"block_size {self.block_size}, {self.num_blocks} block{'s' if self.num_blocks != 1 else ''}")
-        return "in the library now: " + "; ".join(parts)
+        return "in the library now: " + ("; ".join(parts) if parts else "no sequences")
 
     # ----------------------------------------------------------- one call
     def would_copy(self, call: _Call) -> bool:
@@ -295,7 +294,13 @@ class _Run:
             if call.method == "free_sequence" and call.args[0] not in before:
                 expected = "no error (freeing an unknown id does nothing)"
             raise self.differ(what, expected, got.text, context)
-        tables = self.compare_state(f"after {what}")
+        try:
+            tables = self.compare_state(f"after {what}")
+        except _Difference as diff:
+            lines, where, expected, got_text, after = diff.report
+            raise _Difference(lines, where, expected, got_text,
+                              f"{after}; before the call: {context.replace('in the library now: ', '')}".replace(
+                                  "in the library now", "in the library after the call")) from None
         if call.method == "append_tokens":
             self.check_returned(call, list(ref_out), got, before, tables, copy_expected, context)
         if call.method == "allocate_for_sequence":
