@@ -2,10 +2,12 @@
 
 "Your allocator" is built across exercises 02, 03, 05 and 06. Each later exercise adds
 methods to the class of the earlier ones. A learner whose earlier class is unfinished
-can inherit from these instead:
+can inherit from these instead (each leaves the methods of later exercises unwritten):
 
-* :class:`StarterAllocator`: the part exercises 02 and 03 build (allocation, freeing,
-  the mapping, the free count, ``fork``), the base of exercise 05;
+* :class:`StarterAllocator`: exercise 02's part (allocation, the mapping, the free
+  count), the base of exercise 03;
+* :class:`SharingStarterAllocator`: plus exercise 03's ``free_sequence`` and ``fork``,
+  the base of exercise 05;
 * :class:`GrowingStarterAllocator`: plus exercise 05's growth (``append_tokens`` without
   copy-on-write), the base of exercise 06.
 
@@ -22,11 +24,11 @@ from typing import Deque, Dict, List
 from .._validate import as_count, as_seq_id
 from ..errors import DuplicateSequenceError, OutOfBlocksError, UnknownSequenceError
 
-__all__ = ["GrowingStarterAllocator", "StarterAllocator"]
+__all__ = ["GrowingStarterAllocator", "SharingStarterAllocator", "StarterAllocator"]
 
 
 class StarterAllocator:
-    """Bookkeeping-only block allocator: exercises 02-03's part of the contract (everything but growth)."""
+    """Bookkeeping-only block allocator: exercise 02's part of the contract (allocate, map, count)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = as_count(num_blocks, "num_blocks", minimum=1)
@@ -59,6 +61,25 @@ class StarterAllocator:
         self.tables[seq_id] = self.take_blocks(needed)
         self.lengths[seq_id] = num_prompt_tokens
 
+    def get_block_mapping(self, seq_id: int) -> List[int]:
+        """A copy of the sequence's block ids, in logical order."""
+        if seq_id not in self.tables:
+            raise UnknownSequenceError(f"sequence {seq_id!r} is not allocated")
+        return list(self.tables[seq_id])
+
+    def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
+        raise NotImplementedError("Task 05.2: append_tokens is what exercise 05 adds; write it in your subclass")
+
+    def free_sequence(self, seq_id: int) -> None:
+        raise NotImplementedError("Task 03.2: free_sequence is what exercise 03 adds; write it in your subclass")
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        raise NotImplementedError("Task 03.1: fork is what exercise 03 adds; write it in your subclass")
+
+
+class SharingStarterAllocator(StarterAllocator):
+    """:class:`StarterAllocator` plus exercise 03's part: freeing by ref counts, and ``fork``."""
+
     def free_sequence(self, seq_id: int) -> None:
         """Drop the sequence's reference to each block, last block first; blocks nobody holds rejoin the tail."""
         table = self.tables.pop(seq_id, None)
@@ -69,15 +90,6 @@ class StarterAllocator:
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
                 self.free.append(block_id)
-
-    def get_block_mapping(self, seq_id: int) -> List[int]:
-        """A copy of the sequence's block ids, in logical order."""
-        if seq_id not in self.tables:
-            raise UnknownSequenceError(f"sequence {seq_id!r} is not allocated")
-        return list(self.tables[seq_id])
-
-    def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
-        raise NotImplementedError("Task 05.2: append_tokens is what exercise 05 adds; write it in your subclass")
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Give the child the parent's blocks; each gains a holder (nothing is copied)."""
@@ -92,8 +104,8 @@ class StarterAllocator:
             self.ref_counts[block_id] += 1
 
 
-class GrowingStarterAllocator(StarterAllocator):
-    """:class:`StarterAllocator` plus exercise 05's growth: new blocks on demand, nothing shared yet."""
+class GrowingStarterAllocator(SharingStarterAllocator):
+    """:class:`SharingStarterAllocator` plus exercise 05's growth: new blocks on demand, no copy-on-write yet."""
 
     def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
         """Grow by ``num_tokens``; returns the blocks taken. Writes into the last block even if shared (no copy-on-write)."""

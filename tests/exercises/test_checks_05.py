@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_kv_lib.conformance.starter import StarterAllocator
+from paged_kv_lib.conformance.starter import SharingStarterAllocator
 from paged_kv_lib.grading import (
     check_blocks_to_add,
     check_chunked_generate,
@@ -23,7 +23,7 @@ def test_an_untouched_task_says_so_in_one_line():
     for check in (check_blocks_to_add, check_chunked_generate):
         assert fails(check, not_implemented).startswith("this task is not written yet")
 
-    class Untouched(StarterAllocator):
+    class Untouched(SharingStarterAllocator):
         def append_tokens(self, seq_id, num_tokens=1):
             raise NotImplementedError("Task 05.2: replace this line with your code")
 
@@ -58,7 +58,7 @@ def test_blocks_to_add_wrong(wrong, named):
 
 
 # --------------------------------------------------------------------------- 05.2
-class Growing(StarterAllocator):
+class Growing(SharingStarterAllocator):
     def append_tokens(self, seq_id, num_tokens=1):
         if seq_id not in self.tables:
             raise ValueError(f"unknown sequence {seq_id}")
