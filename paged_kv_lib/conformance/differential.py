@@ -297,9 +297,9 @@ class _Run:
         try:
             tables = self.compare_state(f"after {what}")
         except _Difference as diff:
-            lines, where, expected, got_text, after = diff.report
-            raise _Difference(lines, where, expected, got_text,
-                              f"{after}; before the call: {context.replace('in the library now: ', '')}".replace(
+            d_lines, d_where, d_expected, d_got, d_after = diff.report
+            raise _Difference(d_lines, d_where, d_expected, d_got,
+                              f"{d_after}; before the call: {context.replace('in the library now: ', '')}".replace(
                                   "in the library now", "in the library after the call")) from None
         if call.method == "append_tokens":
             self.check_returned(call, list(ref_out), got, before, tables, copy_expected, context)

@@ -62,7 +62,12 @@ def _library(num_blocks: int, block_size: int) -> PagedKVCacheAllocator:
 
 def _apply(alloc: PagedKVCacheAllocator, op: Op) -> None:
     kind, *args = op
-    {"allocate": alloc.allocate_for_sequence, "free": alloc.free_sequence, "fork": alloc.fork}[kind](*args)
+    if kind == "allocate":
+        alloc.allocate_for_sequence(*args)
+    elif kind == "free":
+        alloc.free_sequence(*args)
+    else:
+        alloc.fork(*args)
 
 
 def _replay(num_blocks: int, block_size: int, trace: Sequence[Op]) -> PagedKVCacheAllocator:
@@ -257,31 +262,34 @@ def _corrupted_pools() -> List[Tuple[str, MiniPool]]:
                                                    ("allocate", 3, 5), ("free", 0)]))
     out: List[Tuple[str, MiniPool]] = []
 
-    def variant(what: str, change: Callable[[MiniPool], None]) -> None:
+    def variant(what: str, *, queue_add: Sequence[int] = (), queue_remove: Sequence[int] = (),
+                refs: Optional[Dict[int, int]] = None, table_add: Optional[Dict[int, int]] = None) -> None:
         pool = copy.deepcopy(base)
-        change(pool)
+        for block_id in queue_remove:
+            pool.free.remove(block_id)
+        pool.free.extend(queue_add)
+        for block_id, count in (refs or {}).items():
+            pool.ref_counts[block_id] = count
+        for seq_id, block_id in (table_add or {}).items():
+            pool.tables[seq_id].append(block_id)
         out.append((what, pool))
 
-    variant("block 9 is free (ref count 0) but missing from the free queue: it leaked",
-            lambda p: p.free.remove(9))
-    variant("block 6 is in the free queue twice", lambda p: p.free.append(6))
-    variant("block 4 is held by sequence 3 and also in the free queue", lambda p: p.free.append(4))
+    variant("block 9 is free (ref count 0) but missing from the free queue: it leaked", queue_remove=[9])
+    variant("block 6 is in the free queue twice", queue_add=[6])
+    variant("block 4 is held by sequence 3 and also in the free queue", queue_add=[4])
     variant("block 4 is in the free queue while sequence 3 holds it, and free block 9 is missing "
-            "(the counts still add up)", lambda p: (p.free.append(4), p.free.remove(9)))
-    variant("block 4 has ref count 2 but one table holds it",
-            lambda p: p.ref_counts.__setitem__(4, 2))
-    variant("block 3 is held by sequences 1 and 2 but has ref count 1",
-            lambda p: p.ref_counts.__setitem__(3, 1))
-    variant("sequence 3's table lists block 10, outside a pool of 10 blocks",
-            lambda p: p.tables[3].append(10))
-    variant("the free queue holds block id 10, outside a pool of 10 blocks", lambda p: p.free.append(10))
+            "(the counts still add up)", queue_add=[4], queue_remove=[9])
+    variant("block 4 has ref count 2 but one table holds it", refs={4: 2})
+    variant("block 3 is held by sequences 1 and 2 but has ref count 1", refs={3: 1})
+    variant("sequence 3's table lists block 10, outside a pool of 10 blocks", table_add={3: 10})
+    variant("the free queue holds block id 10, outside a pool of 10 blocks", queue_add=[10])
     variant("sequence 3's table lists block 5 twice (and block 5 counts 2 references)",
-            lambda p: (p.tables[3].append(5), p.ref_counts.__setitem__(5, 2)))
+            table_add={3: 5}, refs={5: 2})
     variant("sequence 3's table lists block 4 twice (block 4 counts 1 reference: one table holds it)",
-            lambda p: p.tables[3].append(4))
-    variant("block 9 has ref count -1", lambda p: p.ref_counts.__setitem__(9, -1))
+            table_add={3: 4})
+    variant("block 9 has ref count -1", refs={9: -1})
     variant("block 3 has ref count 0 while two tables hold it, and it sits in the free queue",
-            lambda p: (p.ref_counts.__setitem__(3, 0), p.free.append(3)))
+            refs={3: 0}, queue_add=[3])
     return out
 
 
