@@ -344,3 +344,37 @@ def empties_the_queue(pool):
 def test_check_pool_wrong(wrong, words):
     message = fails(check_pool_invariants, wrong)
     assert words in message, message
+
+
+def test_lesson_03s_claim_tail_first_seed_agrees_with_the_library_step_for_step():
+    """Lesson 03, section 6: with tail-first frees the seed's design matches the library on its trace."""
+    from paged_kv_lib.seed import SeedAllocator
+
+    class TailFirstSeed(SeedAllocator):
+        def free_sequence(self, seq_id):
+            table = self.sequence_block_tables.pop(seq_id, None)
+            for block_id in reversed(table.block_ids if table else []):
+                self.blocks[block_id].ref_count -= 1
+                if self.blocks[block_id].ref_count == 0:
+                    self.free_blocks.append(block_id)
+
+    trace = [("allocate", 0, 10), ("allocate", 1, 3), ("allocate", 2, 9), ("fork", 1, 3), ("free", 0),
+             ("allocate", 4, 12), ("free", 1), ("allocate", 5, 20), ("free", 3), ("free", 99), ("allocate", 6, 4)]
+    seed, lib = TailFirstSeed(8, 4), PagedKVCacheAllocator(8, 4, 1, 1)
+
+    def run(alloc, op):
+        kind, *args = op
+        method = {"allocate": alloc.allocate_for_sequence, "fork": alloc.fork, "free": alloc.free_sequence}[kind]
+        try:
+            method(*args)
+        except (RuntimeError, ValueError) as exc:
+            return RuntimeError if isinstance(exc, RuntimeError) else ValueError
+        return None
+
+    def state(alloc):
+        return ({s: list(t.block_ids) for s, t in alloc.sequence_block_tables.items()},
+                [b.ref_count for b in alloc.blocks], list(alloc.free_blocks))
+
+    for op in trace:
+        assert run(seed, op) == run(lib, op), op
+        assert state(seed) == state(lib), op
