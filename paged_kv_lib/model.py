@@ -94,7 +94,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x`` scaled to unit root-mean-square over its last axis, times ``weight``."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -185,18 +190,20 @@ class TinyTransformer(nn.Module):
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """Hidden states ``[n, dim]`` of packed ``tokens`` ``[n]`` at ``positions`` ``[n]``."""
         cfg = self.config
-        n = tokens.shape[0]
+        n, eps = tokens.shape[0], cfg.norm_eps
         cos, sin = rotary_tables(positions, cfg.head_dim, cfg.rope_theta)
-        x = self.embed(tokens)
+        x = F.embedding(tokens, self.embed.weight)
+        # The layers' weights are used directly (F.linear, rms_norm): the same arithmetic as
+        # calling the modules, without a module call's overhead on every small matmul.
         for index, layer in enumerate(self.layers):
-            h = layer.attn_norm(x)
-            q = apply_rotary(layer.wq(h).view(n, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rotary(layer.wk(h).view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = layer.wv(h).view(n, cfg.num_kv_heads, cfg.head_dim)
-            x = x + layer.wo(attend(index, q, k, v).reshape(n, cfg.dim))
-            h = layer.mlp_norm(x)
-            x = x + layer.w_down(F.silu(layer.w_gate(h)) * layer.w_up(h))
-        return self.norm(x)
+            h = rms_norm(x, layer.attn_norm.weight, eps)
+            q = apply_rotary(F.linear(h, layer.wq.weight).view(n, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rotary(F.linear(h, layer.wk.weight).view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            v = F.linear(h, layer.wv.weight).view(n, cfg.num_kv_heads, cfg.head_dim)
+            x = x + F.linear(attend(index, q, k, v).reshape(n, cfg.dim), layer.wo.weight)
+            h = rms_norm(x, layer.mlp_norm.weight, eps)
+            x = x + F.linear(F.silu(F.linear(h, layer.w_gate.weight)) * F.linear(h, layer.w_up.weight), layer.w_down.weight)
+        return rms_norm(x, self.norm.weight, eps)
 
     def _tokens(self, token_ids: TokenIds) -> torch.Tensor:
         t = torch.as_tensor(token_ids, dtype=torch.int64, device=self.device)

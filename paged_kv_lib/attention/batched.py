@@ -1,4 +1,4 @@
-"""Paged attention for a whole batch at once in torch: one gather, one masked matmul, one softmax.
+"""Paged attention for a whole batch at once in torch: one gather, then one batched attention.
 
 ``reference.py`` loops over sequences so a lesson can read it; this module does the same
 arithmetic for every sequence together, which is what the torch backend runs:
@@ -6,14 +6,14 @@ arithmetic for every sequence together, which is what the torch backend runs:
 1. :func:`plan_batch` turns the padded block-table tensor and the lengths into one gather
    index: for every sequence, K/V head and table entry, the row of that (block, head) in
    the cache seen as ``[num_blocks * kv_heads, block_size, head_dim]`` (a padding entry,
-   -1, reads block 0). It also lists the gathered token rows no query may see (past a
-   sequence's length: padding and the stale tail of a last block) and builds the
-   additive mask (0 or -inf).
+   -1, reads block 0). It also lists the gathered rows no query may see (past a
+   sequence's length: padding and the stale tail of a last block) and builds the mask.
 2. :func:`attend` gathers ``[num_seqs, kv_heads, blocks * block_size, head_dim]`` K and V
-   with one ``index_select`` each, zeroes the unseen rows (so whatever they held, even
-   NaN, cannot reach the output: 0 * NaN would be NaN), then one batched matmul, softmax
-   (float32) and matmul serve every sequence and every query head of a group
-   (grouped-query attention).
+   with one ``index_select`` each and zeroes the unseen rows (so whatever they held, even
+   NaN, cannot reach the output: 0 * NaN would be NaN). Decode is then one batched
+   matmul, softmax and matmul in float32, every query head of a group under its K/V head
+   (grouped-query attention); extend (several new tokens per sequence) pads the queries
+   per sequence and runs torch's fused ``scaled_dot_product_attention`` in float32.
 
 A plan depends only on the block tables and lengths, so a model builds it once per step
 and reuses it in every layer.
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
+from torch.nn import functional as F
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,13 @@ class BatchPlan:
 
     ``rows``: int64 ``[num_seqs * kv_heads * num_blocks]``, gather index into the cache
     seen as ``[num_blocks * kv_heads, block_size, head_dim]``; the gathered keys number
-    ``width = num_blocks * block_size``. ``unseen``: flat indices of gathered token rows
-    past their sequence's length (zeroed after the gather). ``bias``: float32, 0 where a
-    query sees a key and -inf elsewhere; ``[S, 1, 1, 1, width]`` for decode,
-    ``[S, 1, 1, n_q, width]`` for extend. ``pack``: extend only, (sequence, query index)
-    of each packed query row.
+    ``width = num_blocks * block_size``. Rows past a sequence's length are zeroed after the
+    gather: ``unseen_blocks`` lists the gathered blocks wholly past it (padding entries),
+    ``unseen_slots`` the token rows past it inside its last block. ``mask``: decode, a
+    float32 ``[S, 1, 1, 1, width]`` bias (0 where the query sees a key, -inf elsewhere);
+    extend, a bool ``[S, 1, n_q, width]`` (True: seen), or ``None`` when every sequence is
+    all new (plain causal attention). ``pack``: extend only, (sequence, query index) of
+    each packed query row.
     """
 
     num_seqs: int
@@ -46,8 +49,9 @@ class BatchPlan:
     width: int
     num_queries: int  # query rows per sequence after padding (1 for decode)
     rows: torch.Tensor
-    unseen: torch.Tensor
-    bias: torch.Tensor
+    unseen_blocks: torch.Tensor
+    unseen_slots: torch.Tensor
+    mask: Optional[torch.Tensor]
     empty: torch.Tensor  # bool [num_seqs]: sequences with no token (their output is zeros)
     pack: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
@@ -70,12 +74,19 @@ def plan_batch(
     rows = (ids[:, None, :] * kv_heads + torch.arange(kv_heads, device=device)[None, :, None]).reshape(-1)
     key_pos = torch.arange(width, device=device)
     valid = key_pos[None, :] < lens[:, None]  # [S, width]
-    unseen = (~valid)[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
+    # Whole blocks past the length are cleared as blocks, the last block's tail slot by slot.
+    block_start = torch.arange(num_blocks, device=device) * block_size
+    past = (block_start[None, :] >= lens[:, None])[:, None, :].expand(num_seqs, kv_heads, num_blocks)
+    unseen_blocks = past.reshape(-1).nonzero().flatten()
+    tail = ~valid & (key_pos[None, :] >= (lens[:, None] // block_size) * block_size)  # [S, width]
+    unseen_slots = tail[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
     empty = lens == 0
 
     if query_start_loc is None:
         bias = torch.zeros(num_seqs, width, device=device).masked_fill_(~valid, float("-inf"))
-        return BatchPlan(num_seqs, kv_heads, width, 1, rows, unseen, bias[:, None, None, None, :], empty)
+        return BatchPlan(
+            num_seqs, kv_heads, width, 1, rows, unseen_blocks, unseen_slots, bias[:, None, None, None, :], empty
+        )
 
     starts = query_start_loc.to(device).long()
     q_lens = starts[1:] - starts[:-1]
@@ -83,12 +94,15 @@ def plan_batch(
     num_queries = int(q_lens.max()) if num_seqs else 0
     seq_of = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens, output_size=total_q)
     index_in_seq = torch.arange(total_q, device=device) - starts[seq_of]
-    # New token j of n sits at position len - n + j and sees keys up to its own position.
-    q_pos = (lens - q_lens)[:, None] + torch.arange(num_queries, device=device)[None, :]
-    seen = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, n_q, width]
-    bias = torch.zeros(seen.shape, device=device).masked_fill_(~seen, float("-inf"))
+    if bool((q_lens == lens).all()):
+        seen = None  # every sequence is new: query j sits at position j, plain causal attention
+    else:
+        # New token j of n sits at position len - n + j and sees keys up to its own position.
+        q_pos = (lens - q_lens)[:, None] + torch.arange(num_queries, device=device)[None, :]
+        seen = (key_pos[None, None, :] <= q_pos[:, :, None])[:, None]  # [S, 1, n_q, width]
     return BatchPlan(
-        num_seqs, kv_heads, width, num_queries, rows, unseen, bias[:, None, None], empty, (seq_of, index_in_seq)
+        num_seqs, kv_heads, width, num_queries, rows, unseen_blocks, unseen_slots, seen, empty,
+        (seq_of, index_in_seq),
     )
 
 
@@ -96,9 +110,10 @@ def gather(cache: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
     """Every sequence's K or V as ``[num_seqs, kv_heads, width, head_dim]``, unseen rows zeroed."""
     block_size, head_dim = cache.shape[2], cache.shape[3]
     out = cache.reshape(-1, block_size, head_dim).index_select(0, plan.rows)
-    flat = out.view(-1, head_dim)
-    if plan.unseen.numel():
-        flat.index_fill_(0, plan.unseen, 0.0)
+    if plan.unseen_blocks.numel():
+        out.index_fill_(0, plan.unseen_blocks, 0.0)
+    if plan.unseen_slots.numel():
+        out.view(-1, head_dim).index_fill_(0, plan.unseen_slots, 0.0)
     return out.view(plan.num_seqs, plan.kv_heads, plan.width, head_dim)
 
 
@@ -118,27 +133,28 @@ def attend(
     q_heads, head_dim = q.shape[1], q.shape[2]
     if plan.num_seqs == 0 or plan.width == 0 or q.shape[0] == 0:
         return torch.zeros_like(q)
-    num_seqs, kv_heads, n_q = plan.num_seqs, plan.kv_heads, plan.num_queries
-    group = q_heads // kv_heads
-    if plan.pack is None:
-        padded = q
-    else:
-        padded = q.new_zeros((num_seqs, n_q, q_heads, head_dim))
-        padded[plan.pack] = q
-    # [S, n_q, hq, d] -> [S, hkv, group * n_q, d]: each K/V head serves its group's queries.
-    qg = padded.float().reshape(num_seqs, n_q, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
-    qg = qg.reshape(num_seqs, kv_heads, group * n_q, head_dim)
+    num_seqs, kv_heads = plan.num_seqs, plan.kv_heads
     k = gather(k_cache, plan).float()
     v = gather(v_cache, plan).float()
+    if plan.pack is not None:
+        # Extend: pad the packed queries to [S, n_q, ...], attend (fused, float32), pack back;
+        # padded query rows may come out as NaN and are dropped by the packing.
+        padded = q.new_zeros((num_seqs, plan.num_queries, q_heads, head_dim))
+        padded[plan.pack] = q
+        out = F.scaled_dot_product_attention(
+            padded.float().transpose(1, 2), k, v, attn_mask=plan.mask, is_causal=plan.mask is None,
+            scale=scale, enable_gqa=True,
+        )
+        return out.transpose(1, 2)[plan.pack].to(q.dtype)
+    # Decode: each K/V head serves its group's query heads, [S, hkv, group, d].
+    group = q_heads // kv_heads
+    qg = q.float().view(num_seqs, kv_heads, group, head_dim)
     scores = torch.matmul(qg, k.transpose(2, 3)).mul_(scale)
-    scores = scores.view(num_seqs, kv_heads, group, n_q, plan.width).add_(plan.bias)
-    weights = torch.softmax(scores.view(num_seqs, kv_heads, group * n_q, plan.width), dim=-1)
-    out = torch.matmul(weights, v).view(num_seqs, kv_heads, group, n_q, head_dim)
-    out = out.permute(0, 3, 1, 2, 4).reshape(num_seqs, n_q, q_heads, head_dim)
-    if plan.pack is None:
-        # A sequence with no token saw only -inf (a NaN softmax): its answer is zeros.
-        return torch.where(plan.empty[:, None, None], 0.0, out[:, 0]).to(q.dtype)
-    return out[plan.pack].to(q.dtype)  # padded query rows are dropped here
+    scores = scores.view(num_seqs, kv_heads, group, 1, plan.width).add_(plan.mask)
+    weights = torch.softmax(scores.view(num_seqs, kv_heads, group, plan.width), dim=-1)
+    out = torch.matmul(weights, v).view(num_seqs, q_heads, head_dim)
+    # A sequence with no token saw only -inf (a NaN softmax): its answer is zeros.
+    return torch.where(plan.empty[:, None, None], 0.0, out).to(q.dtype)
 
 
 def paged_attention_batched(
