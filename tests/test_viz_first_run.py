@@ -183,3 +183,12 @@ def test_one_palette_for_the_memory_parts_everywhere():
     assert [c for _, _, c in BREAKDOWN_CATEGORIES] == colors
     assert [sim_plots._palette()[0][k] for k, _, _ in MEMORY_PARTS] == colors
     assert len(set(colors)) == 5
+
+
+def test_counts_read_as_english():
+    alloc = PagedKVCacheAllocator(2, 1, 1, 2)
+    alloc.allocate_for_sequence(0, 1)
+    queue, table = FreeQueueView(alloc), BlockTableView(alloc)
+    assert "1 blocks" not in queue.summary() and "free queue: 1 block," in queue.summary()
+    assert "1 slots" not in table.summary() and "2 blocks of 1 slot" in table.summary()
+    assert "1 sequences" not in table.svg()

@@ -16,6 +16,7 @@ import ipywidgets as widgets
 
 from ..allocator import PagedKVCacheAllocator
 from . import snapshot
+from .svg import count
 from .views import AddressTranslationView, BlockTableView, FreeQueueView
 
 OK, ERROR = "ok", "error"
@@ -271,7 +272,7 @@ class Playground:
             self._need_seq(seq_id)
             blocks = self.allocator.get_block_mapping(seq_id)
             self.allocator.swap_out(seq_id)
-            return f"swapped out seq {seq_id}: its {len(blocks)} blocks now live in the CPU pool"
+            return f"swapped out seq {seq_id}: its {count(len(blocks), 'block')} now live in the CPU pool"
 
         return self._run(act)
 

@@ -99,6 +99,11 @@ def as_img(svg_text: str, alt: str) -> str:
                style="max-width:100%;height:auto")
 
 
+def count(n: int, noun: str) -> str:
+    """``count(1, "block")`` -> ``"1 block"``, ``count(3, "block")`` -> ``"3 blocks"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _approx_text_width(text: str, size: int = 11) -> float:
     return len(text) * size * 0.56
 
@@ -294,7 +299,7 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
     parts: List[str] = []
     links_parts: List[str] = []
     used = sum(1 for b in blocks if b["state"] == "used")
-    parts.append(_text(MARGIN, y + 11, f"physical pool: {len(blocks)} blocks of {size} slots, "
+    parts.append(_text(MARGIN, y + 11, f"physical pool: {count(len(blocks), 'block')} of {count(size, 'slot')}, "
                        f"{used} used, {len(blocks) - used} free", size=12, weight="bold"))
     y += LINE_H + 4
     pool_pos = _grid_positions(len(blocks), columns, pool_x, y)
@@ -343,7 +348,7 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
                          hashed=any(b["state"] == "used" and b.get("hash") for b in blocks))
     legend_parts, legend_h = legend(items, MARGIN, y + 8, width - 2 * MARGIN)
     height = y + 8 + legend_h + MARGIN
-    label = f"paged KV pool with {len(blocks)} blocks and {len(rows)} sequences"
+    label = f"paged KV pool with {count(len(blocks), 'block')} and {count(len(rows), 'sequence')}"
     # Links first, so the blocks are drawn over them.
     return _svg(width, height, [_hover_style(seqs)] + links_parts + parts + legend_parts, label, "block-table")
 
@@ -389,7 +394,7 @@ def render_free_queue(entries: Sequence[Dict[str, Any]], num_blocks: int, *, col
         [("free", FREE_FILL, "free (empty)"), ("cached", CACHED_FILL, "cached (keeps a prefix hash; reused last)")],
         MARGIN, y, width - 2 * MARGIN)
     return _svg(width, y + legend_h + MARGIN, parts + legend_parts,
-                f"free queue of {len(entries)} blocks", "free-queue")
+                f"free queue of {count(len(entries), 'block')}", "free-queue")
 
 
 def render_translation(model: Dict[str, Any], *, columns: int = 16) -> str:

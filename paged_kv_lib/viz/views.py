@@ -126,7 +126,7 @@ class BlockTableView(_View):
         blocks = m["blocks"]
         counts = {state: sum(1 for b in blocks if b["state"] == state) for state in ("used", "free", "cached")}
         lines = [
-            f"pool: {len(blocks)} blocks of {m['block_size']} slots: {counts['used']} used, "
+            f"pool: {svg.count(len(blocks), 'block')} of {svg.count(m['block_size'], 'slot')}: {counts['used']} used, "
             f"{counts['free'] + counts['cached']} free ({counts['cached']} cached)"
         ]
         for row in m["sequences"]:
@@ -171,7 +171,7 @@ class FreeQueueView(_View):
         cached = sum(1 for e in entries if e["state"] == "cached")
         ids = " ".join(f"{e['block_id']}*" if e["state"] == "cached" else str(e["block_id"]) for e in entries)
         note = f" ({cached} cached, marked *)" if cached else ""
-        return f"free queue: {len(entries)} blocks{note}, head -> tail: [{ids}]"
+        return f"free queue: {svg.count(len(entries), 'block')}{note}, head -> tail: [{ids}]"
 
 
 class AddressTranslationView(_View):
