@@ -84,7 +84,9 @@ def _doctor(_args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The ``paged-kv`` parser; with ``only``, the modules of other subcommands are not imported
+    (they pull in torch and take seconds), and those subcommands are listed by name alone."""
     parser = argparse.ArgumentParser(
         prog="paged-kv",
         description="Paged KV-cache course tools: environment check, simulations, generation, grading.",
@@ -93,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = subparsers.add_parser("doctor", help="print versions and whether CUDA and widgets work")
     doctor.set_defaults(func=_doctor)
     for command, name in SUBCOMMAND_MODULES.items():
+        if only is not None and command != only:
+            subparsers.add_parser(command, help=f"see `paged-kv {command} --help`")
+            continue
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -121,8 +126,10 @@ def _register_broken(subparsers: argparse._SubParsersAction, command: str, exc: 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    command = args_in[0] if args_in and args_in[0] in SUBCOMMAND_MODULES else None
+    parser = build_parser(command or ("doctor" if args_in[:1] == ["doctor"] else None))
+    args = parser.parse_args(args_in)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

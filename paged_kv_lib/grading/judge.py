@@ -443,6 +443,7 @@ def judge(job: Dict[str, Any]) -> Dict[str, Any]:
     known = imported_names(trusted)
     results: List[Dict[str, Any]] = []
     session = Session(spec, mode)
+    _preload_checks(cells, known)
     try:
         try:
             session.request(("ping",), timeout=STARTUP_TIMEOUT_S)
@@ -483,6 +484,30 @@ def judge(job: Dict[str, Any]) -> Dict[str, Any]:
     finally:
         session.close()
     return {"results": results, "error": ""}
+
+
+def _preload_checks(cells: List[Dict[str, Any]], known: Dict[str, Tuple[str, str]]) -> None:
+    """Import the check modules in a background thread while the kernel starts and runs the first
+    cells (both import torch: done at once, not one after the other)."""
+    import threading
+
+    modules = set()
+    for cell in cells:
+        if cell.get("role") == "check":
+            try:
+                check = parse_check_cell(cell["source"], known)
+            except CheckCellError:
+                continue
+            modules.add((check.module, check.function))
+
+    def load() -> None:
+        for module, function in sorted(modules):
+            try:
+                getattr(importlib.import_module(module), function)
+            except Exception:  # noqa: BLE001 - the check cell reports it when it runs
+                pass
+
+    threading.Thread(target=load, name="preload-checks", daemon=True).start()
 
 
 def _clean(text: str) -> str:
