@@ -14,6 +14,7 @@ from typing import Any, Callable, List
 import torch
 
 from ..allocator import PagedKVCacheAllocator
+from ..cache_ops import gather_tokens
 from ..model import ModelConfig, TinyTransformer
 from ._allocator_steps import NAME, allocator_steps
 from ._common import call_learner, expect_equal, fail, is_int, passed, show
@@ -210,16 +211,32 @@ def check_serves_tiny_model(cls: Any) -> None:
 
 
 # --------------------------------------------------------------------------- 05.3
-class RecordingModel(TinyTransformer):
-    """The tiny transformer, remembering the chunk lengths of every ``forward_paged`` call."""
+class RecordingAllocator(PagedKVCacheAllocator):
+    """A ``PagedKVCacheAllocator`` with a log, ``events``, that :class:`RecordingModel` writes to.
 
-    def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
-        super().__init__(config, seed=seed)
-        self.chunk_lengths: List[List[int]] = []
+    The log lives in the allocator because the allocator is the argument whose state comes back
+    to the check after the learner's call (in the notebook and when judged outside it).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.events: List[List[int]] = []
+
+
+class RecordingModel(TinyTransformer):
+    """The tiny transformer, logging the chunk lengths of every ``forward_paged`` call in the allocator."""
 
     def forward_paged(self, allocator, seq_ids, chunks, *, write=None):
-        self.chunk_lengths.append([len(c) for c in chunks])
+        events = getattr(allocator, "events", None)
+        if isinstance(events, list):
+            events.append([len(c) for c in chunks])
         return super().forward_paged(allocator, seq_ids, chunks, write=write)
+
+
+def _recording_allocator(model: TinyTransformer, num_blocks: int, block_size: int) -> RecordingAllocator:
+    cfg = model.config
+    return RecordingAllocator(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
+                              num_layers=cfg.num_layers, enable_prefix_caching=False)
 
 
 def check_chunked_generate(paged_generate: Callable[..., List[int]]) -> None:
@@ -240,9 +257,8 @@ def check_chunked_generate(paged_generate: Callable[..., List[int]]) -> None:
         prompt = torch.randint(1, 256, (prompt_len,), generator=gen).tolist()
         with torch.no_grad():
             want = generate_no_cache(model, prompt, max_new)
-        alloc = model.new_allocator(32, bs, enable_prefix_caching=False)
+        alloc = _recording_allocator(model, 32, bs)
         seq_id = 7 + case
-        model.chunk_lengths.clear()
         given = list(prompt)
         call = (f"paged_generate(model, allocator(block_size={bs}), seq_id={seq_id}, "
                 f"prompt_ids=<{prompt_len} tokens>, max_new_tokens={max_new}, chunk_size={chunk})")
@@ -252,11 +268,11 @@ def check_chunked_generate(paged_generate: Callable[..., List[int]]) -> None:
             raise fail(call + " then prompt_ids", prompt, given, "inputs modified: read prompt_ids, do not change it")
         if type(got) is not list or not all(is_int(t) for t in got):
             raise fail(call, want, got, "return a list of ints (the new token ids)")
-        prefill = [c for c in model.chunk_lengths[: _ceil(prompt_len, chunk)]]
+        prefill = alloc.events[: _ceil(prompt_len, chunk)]
         want_chunks = [[min(chunk, prompt_len - start)] for start in range(0, prompt_len, chunk)]
         if prefill != want_chunks:
             raise fail(call + "  -> the chunk lengths of your forward_paged calls, prefill first",
-                       want_chunks, model.chunk_lengths,
+                       want_chunks, alloc.events,
                        "the prefill goes chunk by chunk: chunk_size prompt tokens per forward_paged call "
                        "(the last chunk may be shorter), in order")
         expect_equal(call, want, got,
@@ -269,14 +285,17 @@ def check_chunked_generate(paged_generate: Callable[..., List[int]]) -> None:
         expect_equal(call + f" then allocator.get_num_tokens({seq_id})", prompt_len + max_new - 1, held,
                      "the cache holds the prompt and every new token except the last, which is returned "
                      "but never fed back to the model")
-        alloc.check_invariants()
+        mapping = alloc.get_block_mapping(seq_id)
+        expect_equal(call + f" then len(allocator.get_block_mapping({seq_id}))", _ceil(held, bs), len(mapping),
+                     "a sequence holds exactly ceil(tokens / block_size) blocks")
         # Layer 0's keys depend only on each token and its position: recompute them in one prefill.
+        # (Read through the table and the cache tensor only: what survives a judged call intact.)
         ref = model.new_allocator(32, bs)
         tokens = list(prompt) + want[:-1]
         ref.allocate_for_sequence(0, len(tokens))
         with torch.no_grad():
             model.forward_paged(ref, [0], [tokens])
-        k_got, _ = alloc.read_kv(seq_id, layer=0)
+        k_got = gather_tokens(alloc.k_caches[0], torch.tensor(mapping, dtype=torch.int64), held)
         k_want, _ = ref.read_kv(0, layer=0)
         close = torch.isclose(k_got, k_want, atol=1e-4, rtol=1e-4).flatten(1).all(dim=1)
         if not bool(close.all()):
