@@ -23,27 +23,37 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch.nn import functional as F
 
 
-@dataclass(frozen=True)
-class BatchPlan:
-    """Where a batch's tokens sit in the cache, and what each query may see.
+# A bucket's padded work is about count * query rows * width; one more bucket costs about
+# as much as this many (query, key) pairs in fixed per-call overhead.
+BUCKET_OVERHEAD = 1024
+MAX_BUCKETS = 4
 
-    ``rows``: int64 ``[num_seqs * kv_heads * num_blocks]``, gather index into the cache
-    seen as ``[num_blocks * kv_heads, block_size, head_dim]``; the gathered keys number
-    ``width = num_blocks * block_size``. Rows past a sequence's length are zeroed after the
-    gather: ``unseen_blocks`` lists the gathered blocks wholly past it (padding entries),
+
+@dataclass(frozen=True)
+class Bucket:
+    """Sequences attended together: where their tokens sit in the cache, what each query may see.
+
+    ``seqs``/``q_rows``: which sequences (decode) or packed query rows (extend) of the
+    whole batch this bucket serves (``None``: all of them, in order). ``rows``: int64
+    ``[num_seqs * kv_heads * num_blocks]``, gather index into the cache seen as
+    ``[num_blocks * kv_heads, block_size, head_dim]``; the gathered keys number ``width =
+    num_blocks * block_size``. Rows past a sequence's length are zeroed after the gather:
+    ``unseen_blocks`` lists the gathered blocks wholly past it (padding entries),
     ``unseen_slots`` the token rows past it inside its last block. ``mask``: decode, a
     float32 ``[S, 1, 1, 1, width]`` bias (0 where the query sees a key, -inf elsewhere);
     extend, a bool ``[S, 1, n_q, width]`` (True: seen), or ``None`` when every sequence is
     all new (plain causal attention). ``pack``: extend only, (sequence, query index) of
-    each packed query row.
+    each packed query row within the bucket.
     """
 
+    seqs: Optional[torch.Tensor]
+    q_rows: Optional[torch.Tensor]
     num_seqs: int
     kv_heads: int
     width: int
@@ -56,6 +66,14 @@ class BatchPlan:
     pack: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """A batch cut into buckets of similar lengths, so short sequences are not padded to the longest."""
+
+    decode: bool
+    buckets: Tuple[Bucket, ...]
+
+
 def plan_batch(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -63,11 +81,66 @@ def plan_batch(
     block_size: int,
     query_start_loc: Optional[torch.Tensor] = None,
 ) -> BatchPlan:
-    """Build the gather index and mask for a decode batch (or an extend batch with ``query_start_loc``)."""
+    """Build the gather indices and masks for a decode batch (or an extend batch with ``query_start_loc``)."""
     device = block_tables.device
-    num_seqs = block_tables.shape[0]
-    lens = seq_lens.to(device).long()
-    longest = int(lens.max()) if num_seqs else 0
+    lens = [int(n) for n in seq_lens.tolist()]
+    starts = None if query_start_loc is None else [int(x) for x in query_start_loc.tolist()]
+    q_lens = None if starts is None else [b - a for a, b in zip(starts, starts[1:])]
+    buckets = []
+    for group in _group(lens, q_lens, block_size):
+        if group is None:
+            buckets.append(_plan_bucket(block_tables, lens, q_lens, kv_heads, block_size, None, None))
+            continue
+        seqs = torch.tensor(group, dtype=torch.int64, device=device)
+        sub_q = None if q_lens is None else [q_lens[i] for i in group]
+        q_rows = None
+        if starts is not None:
+            q_rows = torch.tensor([r for i in group for r in range(starts[i], starts[i + 1])], dtype=torch.int64, device=device)
+        buckets.append(
+            _plan_bucket(block_tables[seqs], [lens[i] for i in group], sub_q, kv_heads, block_size, seqs, q_rows)
+        )
+    return BatchPlan(query_start_loc is None, tuple(buckets))
+
+
+def _group(lens: List[int], q_lens: Optional[List[int]], block_size: int) -> List[Optional[List[int]]]:
+    """Sequences sorted by length and cut into 1-4 equal-count buckets, whichever pads least.
+
+    ``[None]`` means one bucket holding the whole batch in its own order.
+    """
+    n = len(lens)
+    if n < 2:
+        return [None]
+    order = sorted(range(n), key=lens.__getitem__)
+
+    def cost(group: List[int]) -> int:
+        width = -(-max(lens[i] for i in group) // block_size) * block_size
+        rows = 1 if q_lens is None else max(q_lens[i] for i in group)
+        return len(group) * rows * width
+
+    best: List[Optional[List[int]]] = [None]
+    best_cost = cost(order)
+    for count in range(2, min(MAX_BUCKETS, n) + 1):
+        cuts = [round(k * n / count) for k in range(count + 1)]
+        groups = [order[a:b] for a, b in zip(cuts, cuts[1:])]
+        total = sum(cost(g) for g in groups) + BUCKET_OVERHEAD * (count - 1)
+        if total < best_cost:
+            best, best_cost = list(groups), total
+    return best
+
+
+def _plan_bucket(
+    block_tables: torch.Tensor,
+    lens_list: List[int],
+    q_lens_list: Optional[List[int]],
+    kv_heads: int,
+    block_size: int,
+    seqs: Optional[torch.Tensor],
+    q_rows: Optional[torch.Tensor],
+) -> Bucket:
+    device = block_tables.device
+    num_seqs = len(lens_list)
+    lens = torch.tensor(lens_list, dtype=torch.int64, device=device)
+    longest = max(lens_list, default=0)
     num_blocks = min(block_tables.shape[1], -(-longest // block_size))
     width = num_blocks * block_size
     ids = block_tables[:, :num_blocks].long().clamp(min=0)
@@ -82,39 +155,41 @@ def plan_batch(
     unseen_slots = tail[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
     empty = lens == 0
 
-    if query_start_loc is None:
+    if q_lens_list is None:
         bias = torch.zeros(num_seqs, width, device=device).masked_fill_(~valid, float("-inf"))
-        return BatchPlan(
-            num_seqs, kv_heads, width, 1, rows, unseen_blocks, unseen_slots, bias[:, None, None, None, :], empty
+        return Bucket(
+            seqs, None, num_seqs, kv_heads, width, 1, rows, unseen_blocks, unseen_slots,
+            bias[:, None, None, None, :], empty,
         )
 
-    starts = query_start_loc.to(device).long()
-    q_lens = starts[1:] - starts[:-1]
-    total_q = int(starts[-1]) if num_seqs else 0
-    num_queries = int(q_lens.max()) if num_seqs else 0
+    q_lens = torch.tensor(q_lens_list, dtype=torch.int64, device=device)
+    total_q = sum(q_lens_list)
+    num_queries = max(q_lens_list, default=0)
     seq_of = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens, output_size=total_q)
+    starts = torch.zeros(num_seqs + 1, dtype=torch.int64, device=device)
+    torch.cumsum(q_lens, 0, out=starts[1:])
     index_in_seq = torch.arange(total_q, device=device) - starts[seq_of]
-    if bool((q_lens == lens).all()):
+    if q_lens_list == lens_list:
         seen = None  # every sequence is new: query j sits at position j, plain causal attention
     else:
         # New token j of n sits at position len - n + j and sees keys up to its own position.
         q_pos = (lens - q_lens)[:, None] + torch.arange(num_queries, device=device)[None, :]
         seen = (key_pos[None, None, :] <= q_pos[:, :, None])[:, None]  # [S, 1, n_q, width]
-    return BatchPlan(
-        num_seqs, kv_heads, width, num_queries, rows, unseen_blocks, unseen_slots, seen, empty,
+    return Bucket(
+        seqs, q_rows, num_seqs, kv_heads, width, num_queries, rows, unseen_blocks, unseen_slots, seen, empty,
         (seq_of, index_in_seq),
     )
 
 
-def gather(cache: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
+def gather(cache: torch.Tensor, bucket: Bucket) -> torch.Tensor:
     """Every sequence's K or V as ``[num_seqs, kv_heads, width, head_dim]``, unseen rows zeroed."""
     block_size, head_dim = cache.shape[2], cache.shape[3]
-    out = cache.reshape(-1, block_size, head_dim).index_select(0, plan.rows)
-    if plan.unseen_blocks.numel():
-        out.index_fill_(0, plan.unseen_blocks, 0.0)
-    if plan.unseen_slots.numel():
-        out.view(-1, head_dim).index_fill_(0, plan.unseen_slots, 0.0)
-    return out.view(plan.num_seqs, plan.kv_heads, plan.width, head_dim)
+    out = cache.reshape(-1, block_size, head_dim).index_select(0, bucket.rows)
+    if bucket.unseen_blocks.numel():
+        out.index_fill_(0, bucket.unseen_blocks, 0.0)
+    if bucket.unseen_slots.numel():
+        out.view(-1, head_dim).index_fill_(0, bucket.unseen_slots, 0.0)
+    return out.view(bucket.num_seqs, bucket.kv_heads, bucket.width, head_dim)
 
 
 def attend(
@@ -124,12 +199,24 @@ def attend(
     plan: BatchPlan,
     scale: Optional[float] = None,
 ) -> torch.Tensor:
-    """Attention of ``q`` over the K/V the plan gathers; returns q's shape and dtype.
+    """Attention of ``q`` over the K/V the plan gathers, bucket by bucket; returns q's shape and dtype.
 
     ``q`` is ``[num_seqs, q_heads, d]`` for a decode plan, or the packed ``[total_q,
     q_heads, d]`` of an extend plan.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if len(plan.buckets) == 1 and plan.buckets[0].seqs is None:
+        return _attend_bucket(q, k_cache, v_cache, plan.buckets[0], scale)
+    out = torch.empty_like(q)
+    for bucket in plan.buckets:
+        where = bucket.seqs if plan.decode else bucket.q_rows
+        out[where] = _attend_bucket(q[where], k_cache, v_cache, bucket, scale)
+    return out
+
+
+def _attend_bucket(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Bucket, scale: float
+) -> torch.Tensor:
     q_heads, head_dim = q.shape[1], q.shape[2]
     if plan.num_seqs == 0 or plan.width == 0 or q.shape[0] == 0:
         return torch.zeros_like(q)
