@@ -172,3 +172,12 @@ def test_invariant_checks_catch_corruption():
     buddy._free[3].add(8)
     with pytest.raises(AssertionError):
         buddy.check_invariants()
+
+
+@pytest.mark.parametrize("prompt_len, output_len", [(5, 0), (0, 3), (-1, 2), (4, True)])
+def test_reservation_refuses_empty_requests(prompt_len, output_len):
+    from paged_kv_lib.simulate.reservation import reservation_size
+
+    for kind in ("orca-max", "orca-pow2", "orca-oracle"):
+        with pytest.raises(ValueError, match="must be a whole number >= 1"):
+            reservation_size(kind, prompt_len, output_len, 64)

@@ -28,7 +28,14 @@ FITS = ("buddy",) + POLICIES
 
 
 def reservation_size(kind: str, prompt_len: int, output_len: int, max_len: int) -> int:
-    """Slots a request reserves under ``kind`` (before the allocator rounds it)."""
+    """Slots a request reserves under ``kind`` (before the allocator rounds it).
+
+    A request has at least one prompt token and generates at least one token: anything less
+    is refused, since ``orca-pow2`` would otherwise reserve two slots for nothing.
+    """
+    for name, value in (("prompt_len", prompt_len), ("output_len", output_len)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if kind == "orca-max":
         return max_len
     if kind == "orca-pow2":
