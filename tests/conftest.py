@@ -61,9 +61,32 @@ SLOW_FILES = {
     "test_simulate_paper.py",  # paper-sized simulations
     "test_allocator_stateful.py",  # hypothesis state machines with many steps
 }
-# Single tests, by the end of their node id (class::test or file::test):
+# Single tests (every parametrization), by file and name; each took seconds in a timed run:
 SLOW_TESTS = {
-    "test_free_queue.py::TestQueueMachine::runTest",  # a state machine
+    "test_free_queue.py::TestQueueMachine::runTest",  # state machines
+    "test_simulate_contiguous.py::TestAllocatorMachine::runTest",
+    "test_attention.py::test_batched_extend_equals_the_reference",  # many shapes through the reference
+    "test_attention.py::test_batched_decode_equals_the_reference",
+    "test_attention.py::test_torch_decode_matches_sdpa",
+    "test_attention.py::test_torch_extend_matches_causal_sdpa",
+    "test_attention.py::test_library_imports_without_triton",  # a fresh interpreter
+    "test_conformance_check.py::test_an_allocator_without_copy_on_write_fails_and_is_named",  # hypothesis searches
+    "test_conformance_check.py::test_planted_bugs_are_named",
+    "test_conformance_check.py::test_the_seeds_growth_rule_fails_with_a_short_sequence",
+    "test_conformance_check.py::test_a_correct_class_passes_quickly",
+    "test_conformance_check.py::test_a_non_atomic_failure_is_reported_as_a_change",
+    "test_conformance_check.py::test_without_copy_on_write_in_ops_the_same_class_passes",
+    "exercises/test_checks_02.py::test_the_differential_check_catches_them_too",
+    "exercises/test_checks_03.py::test_free_wrong_with_a_correct_fork_fails_the_differential_check_unless_only_order_differs",
+    "exercises/test_checks_06.py::test_allocator_conforms_catches_a_fork_without_counts",
+    "exercises/test_checks_06.py::test_allocator_conforms_correct",
+    "exercises/test_checks_08.py::test_memory_parts_correct",
+    "exercises/test_checks_09.py::test_tile_addresses_correct",  # the Triton interpreter
+    "exercises/test_checks_09.py::test_tile_addresses_wrong",
+    "exercises/test_checks_09.py::test_tile_addresses_points_at_the_token",
+    "exercises/test_checks_09.py::test_fold_tile_correct",
+    "exercises/test_checks_09.py::test_fold_tile_wrong",
+    "test_simulate_cli.py::test_plot_is_written",
 }
 
 
@@ -82,6 +105,6 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        node = item.nodeid.replace(os.sep, "/")
-        if _slow(item.path) or any(node.endswith(t) for t in SLOW_TESTS):
+        node = item.nodeid.replace(os.sep, "/").split("[")[0]
+        if _slow(item.path) or any(node.endswith("/" + t) or node == "tests/" + t for t in SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
