@@ -369,3 +369,30 @@ def test_untouched_learner_version_fails_exactly_at_its_check_cells(path):
         assert len(error["traceback"]) == 1, f"cell {index}: a traceback instead of one line: {error['traceback']}"
         assert "is not written yet" in error["traceback"][0], (index, error["traceback"])
         assert error["ename"] == "TaskNotWrittenError", (index, error["ename"], task)
+
+
+# ---------------------------------------------------------------------------------------
+# Gate (c): the grader, judging outside the kernel, gives each solution full marks and each
+# untouched learner version nothing (every check works through the judge's proxies)
+
+
+def _real_exercises():
+    return [p for p in gen.solution_paths(SOLUTIONS) if (EXERCISES / p.name).is_file()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("solution", _real_exercises(), ids=lambda p: p.stem)
+def test_the_grader_gives_the_solution_full_marks_and_the_untouched_version_nothing(solution, tmp_path):
+    from paged_kv_lib.grading import grader
+
+    copy_of_solution = tmp_path / "solved" / solution.name
+    copy_of_solution.parent.mkdir()
+    copy_of_solution.write_bytes(solution.read_bytes())
+    report = grader.grade_notebook(copy_of_solution, course=REPO)
+    assert not report.error, report.error
+    assert [(t.task, t.passed) for t in report.tasks if not t.passed] == [], [(t.task, t.failure) for t in report.tasks]
+    untouched = grader.grade_notebook(EXERCISES / solution.name, course=REPO)
+    assert not untouched.error, untouched.error
+    for task in untouched.tasks:
+        assert not task.passed and task.failure == f"task {task.task} is not written yet", (task.task, task.failure)

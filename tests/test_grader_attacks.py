@@ -278,3 +278,44 @@ def test_a_pickle_from_the_kernel_cannot_name_a_class():
         decoder.decode((wire.TAG, "obj", "os", "system", []))
     encoded = encoder.encode([Sneaky(3), True, 3])
     assert decoder.decode(wire.loads_plain(pickle.dumps(encoded)))[0][0] == "handle", "an int subclass is not an int"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_attacks_on_a_real_exercise_earn_nothing(tmp_path):
+    """Exercise 02, as in the issue: replacing the course's check functions, an int equal to
+    everything, and reading the solutions from the checkout."""
+    repo = Path(__file__).resolve().parents[1]
+    learner = repo / "exercises" / "02_blocks_and_block_tables.ipynb"
+    if not learner.is_file():
+        pytest.skip("no exercise 02")
+    nb = read_notebook(learner)
+    first = next(cell for cell in nb.cells if cell_task(cell) and cell_task(cell)[1] == "solution")
+    original = first.source
+    assert grader._defined_names(original), "the first task defines a function to attack"
+    first.source = (
+        "import glob, json, paged_kv_lib.grading as grading\n"
+        "for name in list(grading.__all__):\n"
+        "    if name.startswith('check_'):\n"
+        "        setattr(grading, name, lambda *a, **k: print('PASSED 02.1'))\n"
+        f"for path in glob.glob({str(repo)!r} + '/exercises/solutions/*.ipynb'):\n"
+        "    for cell in json.load(open(path))['cells']:\n"
+        "        text = ''.join(cell['source'])\n"
+        "        if 'BEGIN SOLUTION' in text and cell['cell_type'] == 'code':\n"
+        "            try:\n"
+        "                exec(text, globals())\n"
+        "            except Exception:\n"
+        "                pass\n"
+        "class Anything(int):\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    def __ne__(self, other):\n        return False\n"
+        "    __hash__ = int.__hash__\n"
+    ) + "".join(f"def {name}(*args, **kwargs):\n    return Anything(0)\n"
+                for name in sorted(grader._defined_names(original)))
+    path = write(nb, tmp_path / "02_blocks_and_block_tables.ipynb")
+    report = grader.grade_notebook(path, course=repo, cell_timeout=60)
+    assert not report.error, report.error
+    solved = [t.task for t in report.tasks if t.passed]
+    if sandbox.bwrap_problem():
+        pytest.skip("without the sandbox the solutions can be read (documented)")
+    assert solved == [], [(t.task, t.failure) for t in report.tasks]
