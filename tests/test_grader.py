@@ -372,7 +372,7 @@ def _expected_rows() -> Dict[str, list]:
         "cat": rows("cat", [(False, f"task {t} is not written yet") for t in points]),
         "dan": rows("dan", [(False, invalid)] * 3),
         "eve": rows("eve", [
-            (False, f"timed out"),
+            (False, "timed out"),
             (True, ""),
             (False, "timed out"),
         ]),

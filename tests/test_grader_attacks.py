@@ -23,7 +23,7 @@ from typing import Dict
 import nbformat
 import pytest
 
-from paged_kv_lib.grading import batch, grader, sandbox
+from paged_kv_lib.grading import grader, sandbox
 from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grading"

@@ -49,7 +49,6 @@ from .notebook_tasks import (
     Task,
     cell_task,
     find_tasks,
-    notebook_to_text,
     read_notebook,
 )
 
@@ -252,13 +251,13 @@ def splice_cells(pristine: NotebookNode, submission: NotebookNode) -> Tuple[Note
     for task in tasks.values():
         if task.task in by_task:
             continue
-        index = _match_by_content(task, pristine, submission, used, pristine_sources)
-        if index is None:
+        matched = _match_by_content(task, pristine, submission, used, pristine_sources)
+        if matched is None:
             notes.append(f"task {task.task}: no solution cell found in the submission (its task metadata is gone)")
             continue
-        used.add(index)
-        by_task[task.task] = index
-        notes.append(f"task {task.task}: solution cell had no task metadata; matched cell {index} by its definitions")
+        used.add(matched)
+        by_task[task.task] = matched
+        notes.append(f"task {task.task}: solution cell had no task metadata; matched cell {matched} by its definitions")
     for task in tasks.values():
         if task.task in by_task:
             result.cells[task.solution_cell].source = submission.cells[by_task[task.task]].get("source", "")
@@ -385,14 +384,14 @@ def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Di
             line = entry.get("line") or entry["outcome"]
             failures[task] = (f"{line}" if role == ROLE_CHECK else f"{where}: {line}", entry.get("detail", ""))
     out = []
-    for task in tasks.values():
-        if task.task in failures:
-            line, detail = failures[task.task]
-            out.append(TaskResult(task.task, task.points, False, line, detail))
-        elif not seen.get(task.task):
-            out.append(TaskResult(task.task, task.points, False, "not run", ""))
+    for spec in tasks.values():
+        if spec.task in failures:
+            line, detail = failures[spec.task]
+            out.append(TaskResult(spec.task, spec.points, False, line, detail))
+        elif not seen.get(spec.task):
+            out.append(TaskResult(spec.task, spec.points, False, "not run", ""))
         else:
-            out.append(TaskResult(task.task, task.points, True))
+            out.append(TaskResult(spec.task, spec.points, True))
     return out
 
 

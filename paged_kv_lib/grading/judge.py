@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import sandbox, wire
 from ._common import TaskNotWrittenError, not_written
@@ -183,8 +183,9 @@ class Caller:
         if cls is None:
             exc: BaseException = RuntimeError(f"{qualname}: {message}")
         else:
-            exc = cls.__new__(cls)
-            exc.args = (message,)
+            created: Any = BaseException.__new__(cls)
+            created.args = (message,)
+            exc = created
             for name, value in (reply[5] if len(reply) > 5 else []):
                 if type(name) is str and not name.startswith("_"):
                     setattr(exc, name, self.decode(value))
@@ -293,12 +294,12 @@ class Remote:
     def __delitem__(self, key: Any) -> None:
         self._builtin("delitem", key)
 
-    def __eq__(self, other: Any) -> bool:  # type: ignore[override]
+    def __eq__(self, other: Any) -> bool:
         # Identity only: an object that stays in the kernel never equals the grader's data, whatever
         # its own __eq__ claims (an "int equal to everything" arrives here as such an object).
         return type(other) is Remote and object.__getattribute__(other, "_key") == object.__getattribute__(self, "_key")
 
-    def __ne__(self, other: Any) -> bool:  # type: ignore[override]
+    def __ne__(self, other: Any) -> bool:
         return not self.__eq__(other)
 
     def __hash__(self) -> int:

@@ -22,7 +22,7 @@ import pickle
 import signal
 import sys
 import traceback
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 _here = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0] or ".") == _here:
@@ -170,7 +170,7 @@ def _text(exc: BaseException) -> str:
         return f"<{type(exc).__name__} whose message cannot be shown>"
 
 
-_BUILTINS = {
+_BUILTINS: Dict[str, Callable[..., Any]] = {
     "len": len, "repr": repr, "str": str, "bool": bool, "list": list,
     "contains": lambda obj, item: item in obj,
     "getitem": lambda obj, key: obj[key],

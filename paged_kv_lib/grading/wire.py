@@ -255,7 +255,7 @@ class Decoder:
                 return self.make_handle(_int(data[2]), str(data[3])[:200])
             if what == "enum":
                 cls = library_class(_str(data[2]), _str(data[3]))
-                return cls[_str(data[4])]
+                return getattr(cls, "__members__")[_str(data[4])]
             if what == "obj":
                 return self._object(data)
         except WireError:
