@@ -254,8 +254,12 @@ class Decoder:
             if what == "handle":
                 return self.make_handle(_int(data[2]), str(data[3])[:200])
             if what == "enum":
-                cls = library_class(_str(data[2]), _str(data[3]))
-                return getattr(cls, "__members__")[_str(data[4])]
+                import enum
+
+                members: Any = library_class(_str(data[2]), _str(data[3]))
+                if not issubclass(members, enum.Enum):
+                    raise WireError("not an enum")
+                return members[_str(data[4])]
             if what == "obj":
                 return self._object(data)
         except WireError:
