@@ -1,0 +1,173 @@
+"""The judge's promises to check authors (CHECKS_CONTRACT.md), on a kernel of its own.
+
+A small check module is written to a temporary folder and imported by the judge; the
+learner's cells define functions and classes. Each promise is one check that passes only
+if the judge keeps it: argument state comes back after a call, exceptions arrive with the
+right type (or as RuntimeError naming a foreign type), learner instances answer method
+calls, attribute reads and builtins, results arrive as exact plain types, and a check that
+outlives its time limit fails without stopping the notebook.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from paged_kv_lib.grading import judge
+
+CHECKS = '''
+import torch
+from paged_kv_lib.errors import OutOfBlocksError, PagedKVError
+from paged_kv_lib.grading._common import call_learner, expect_raises, fail, same
+
+
+def check_mutation(fill):
+    values = [1, 2]
+    cache = torch.zeros(2, 3)
+    got = fill(values, cache)
+    assert got is None, got
+    assert values == [1, 2, 99], values
+    assert torch.equal(cache, torch.tensor([[0.0, 0, 0], [7, 7, 7]])), cache
+    print("PASSED 1")
+
+
+def check_errors(raiser):
+    error = expect_raises(raiser, ("value",), "raiser('value')", ValueError, "")
+    assert type(error) is ValueError and str(error) == "bad value", error
+    error = expect_raises(raiser, ("pool",), "raiser('pool')", OutOfBlocksError, "")
+    assert type(error) is OutOfBlocksError and error.needed == 3 and error.free == 1, vars(error)
+    error = expect_raises(raiser, ("own",), "raiser('own')", RuntimeError, "")
+    assert type(error) is RuntimeError and str(error).startswith("MyError"), error
+    print("PASSED 2")
+
+
+def check_instances(Stack):
+    stack = Stack()
+    stack.push(3)
+    stack.push(4)
+    assert len(stack) == 2 and list(stack) == [3, 4] and 4 in stack and bool(stack)
+    assert stack.items == [3, 4] and stack[1] == 4 and stack.top == 4
+    assert "Stack" in repr(stack)
+    popped = stack.pop()
+    assert type(popped) is int and popped == 4
+    print("PASSED 3")
+
+
+def check_exact_types(give):
+    got = give()
+    assert same({"a": [1, (2.5, "x")], "b": torch.arange(3, dtype=torch.int16)}, got), got
+    assert type(got["b"]) is torch.Tensor and got["b"].dtype is torch.int16
+    sneaky = give(True)
+    assert type(sneaky) is not int and sneaky != 3 and not (sneaky == 3)
+    print("PASSED 4")
+
+
+def check_slow(slow):
+    call_learner(slow, (), "slow()", None)
+    print("PASSED 5")
+
+
+def check_then_alive(add):
+    assert add(2, 3) == 5
+    print("PASSED 6")
+'''
+
+LEARNER = '''
+import torch
+
+def fill(values, cache):
+    values.append(99)
+    cache[1] = 7
+
+class MyError(ValueError):
+    pass
+
+def raiser(kind):
+    from paged_kv_lib.errors import OutOfBlocksError
+    if kind == "value":
+        raise ValueError("bad value")
+    if kind == "pool":
+        raise OutOfBlocksError(3, 1, "grow")
+    raise MyError("mine")
+
+class Stack:
+    def __init__(self):
+        self.items = []
+    def push(self, x):
+        self.items.append(x)
+    def pop(self):
+        return self.items.pop()
+    @property
+    def top(self):
+        return self.items[-1]
+    def __len__(self):
+        return len(self.items)
+    def __iter__(self):
+        return iter(self.items)
+    def __getitem__(self, i):
+        return self.items[i]
+    def __repr__(self):
+        return f"Stack({self.items})"
+
+class Anything(int):
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = int.__hash__
+
+def give(sneaky=False):
+    if sneaky:
+        return Anything(3)
+    return {"a": [1, (2.5, "x")], "b": torch.arange(3, dtype=torch.int16)}
+
+def slow():
+    while True:
+        pass
+
+def add(a, b):
+    return a + b
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_judge_keeps_the_check_contract(tmp_path, monkeypatch):
+    (tmp_path / "contract_checks.py").write_text(textwrap.dedent(CHECKS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sys.modules.pop("contract_checks", None)
+    names = ["check_mutation(fill)", "check_errors(raiser)", "check_instances(Stack)", "check_exact_types(give)",
+             "check_slow(slow)", "check_then_alive(add)"]
+    imports = "from contract_checks import " + ", ".join(n.split("(")[0] for n in names)
+    cells = [{"source": imports, "tags": [], "task": None, "role": None},
+             {"source": LEARNER, "tags": [], "task": "99.1", "role": "solution"}]
+    cells += [{"source": n, "tags": [], "task": "99.1", "role": "check"} for n in names]
+    result = judge.judge({"cells": cells, "timeout": 4, "workdir": str(tmp_path / "work"), "resolved_mode": "none"})
+    assert result["error"] == ""
+    outcomes = {cells[r["index"]]["source"]: (r["outcome"], r["line"]) for r in result["results"]}
+    for name in names:
+        if name == "check_slow(slow)":
+            assert outcomes[name][0] == "failed" and outcomes[name][1].startswith("timed out"), outcomes[name]
+        else:
+            assert outcomes[name] == ("passed", ""), (name, outcomes[name])
+
+
+def test_check_cells_are_one_call_with_names_or_literals():
+    known = {"check_a": ("m", "check_a")}
+    call = judge.parse_check_cell("from m import check_a\ncheck_a(f, 3, name='x', sizes=[1, 2])", {})
+    assert call == judge.CheckCall("m", "check_a", (("name", "f"), ("value", 3)),
+                                   (("name", ("value", "x")), ("sizes", ("value", [1, 2]))))
+    for bad in ["check_a(f)\ncheck_a(g)", "x = check_a(f)", "check_a(f())", "check_b(f)", "check_a(*fs)",
+                "import os\nos.system('x')", "check_a(f"]:
+        with pytest.raises(judge.CheckCellError):
+            judge.parse_check_cell(bad, known)
+
+
+def test_the_kernel_side_is_not_imported_by_the_grading_package():
+    """runner.py runs as a file: loading it must not need the grading package or its checks."""
+    source = Path(judge.RUNNER).read_text()
+    assert "from paged_kv_lib.grading import wire" in source and "spec_from_file_location" in source
