@@ -186,6 +186,7 @@ def test_attacks_stopped_by_the_judge_earn_nothing_alone(course, tmp_path, mode)
         assert earned(report) == {"90.1": 0, "90.2": 0, "90.3": 0}, (name, [(t.task, t.failure) for t in report.tasks])
         if mode == "none":
             assert report.notes[0].startswith("grading was not isolated"), report.notes
+            assert len(report.notes[0].splitlines()) == 1
 
 
 @NEEDS_BWRAP

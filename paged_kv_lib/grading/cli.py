@@ -161,6 +161,9 @@ def _run_batch(args: argparse.Namespace) -> int:
     )
     rows = write_gradebook(results, args.csv)
     print(summary_table(results))
+    isolation = next((n for r in results for n in r.report.notes if n.startswith("grading was not isolated")), "")
+    if isolation:
+        print(f"\nnote: {isolation}")
     learners = len({s.learner for s in submissions})
     print(f"\n{len(submissions)} notebook(s) of {learners} learner(s); {len(rows)} row(s) written to {args.csv}")
     return 0
