@@ -91,7 +91,7 @@ def check_allocator_conforms(cls: Any) -> None:
     from ..conformance.differential import PARTS, check_allocator
 
     try:
-        check_allocator(cls, max_examples=100, ops=PARTS["06"], name=NAME)
+        check_allocator(cls, max_examples=50, ops=PARTS["06"], name=NAME)  # ~2,000 learner calls at most
     except NotImplementedError as exc:
         call_learner(_raise, (exc,), "check_allocator(MyAllocator)", "no difference")
     except AssertionError as exc:
