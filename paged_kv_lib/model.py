@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from importlib import resources
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -166,6 +166,7 @@ class TinyTransformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self._init_weights(as_count(seed, "seed"))
+        self._fused_cache: Dict[int, tuple] = {}
 
     def _init_weights(self, seed: int) -> None:
         # Unit-variance activations make even an untrained model's logits decisive, so
@@ -190,20 +191,40 @@ class TinyTransformer(nn.Module):
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """Hidden states ``[n, dim]`` of packed ``tokens`` ``[n]`` at ``positions`` ``[n]``."""
         cfg = self.config
-        n, eps = tokens.shape[0], cfg.norm_eps
-        cos, sin = rotary_tables(positions, cfg.head_dim, cfg.rope_theta)
+        n, eps, d = tokens.shape[0], cfg.norm_eps, cfg.head_dim
+        hq, hkv = cfg.num_heads, cfg.num_kv_heads
+        cos, sin = rotary_tables(positions, d, cfg.rope_theta)
         x = F.embedding(tokens, self.embed.weight)
-        # The layers' weights are used directly (F.linear, rms_norm): the same arithmetic as
-        # calling the modules, without a module call's overhead on every small matmul.
         for index, layer in enumerate(self.layers):
+            w_qkv, w_gate_up = self._fused(index)
             h = rms_norm(x, layer.attn_norm.weight, eps)
-            q = apply_rotary(F.linear(h, layer.wq.weight).view(n, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rotary(F.linear(h, layer.wk.weight).view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = F.linear(h, layer.wv.weight).view(n, cfg.num_kv_heads, cfg.head_dim)
+            qkv = F.linear(h, w_qkv).view(n, hq + 2 * hkv, d)
+            qk = apply_rotary(qkv[:, : hq + hkv], cos, sin)  # q and k turn by the same angles
+            q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
             x = x + F.linear(attend(index, q, k, v).reshape(n, cfg.dim), layer.wo.weight)
             h = rms_norm(x, layer.mlp_norm.weight, eps)
-            x = x + F.linear(F.silu(F.linear(h, layer.w_gate.weight)) * F.linear(h, layer.w_up.weight), layer.w_down.weight)
+            gate, up = F.linear(h, w_gate_up).split(cfg.hidden_dim, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.w_down.weight)
         return rms_norm(x, self.norm.weight, eps)
+
+    def _fused(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s q/k/v and gate/up weights stacked, so each pair or triple is one matmul.
+
+        Without gradients the stacks are kept until any of those weights changes (their
+        version counters and storage tell), e.g. after ``load_state_dict`` or ``.to()``;
+        the parameters themselves stay separate.
+        """
+        layer = self.layers[index]
+        parts = (layer.wq.weight, layer.wk.weight, layer.wv.weight, layer.w_gate.weight, layer.w_up.weight)
+        if torch.is_grad_enabled():  # training: stack afresh, so gradients reach the parameters
+            return torch.cat(parts[:3]), torch.cat(parts[3:])
+        key = tuple((p.data_ptr(), p._version) for p in parts)
+        cached = self._fused_cache.get(index)
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = (key, torch.cat(parts[:3]), torch.cat(parts[3:]))
+            self._fused_cache[index] = cached
+        return cached[1], cached[2]
 
     def _tokens(self, token_ids: TokenIds) -> torch.Tensor:
         t = torch.as_tensor(token_ids, dtype=torch.int64, device=self.device)

@@ -198,6 +198,29 @@ def test_batched_padding_reads_block_zero_and_ignores_it():
     torch.testing.assert_close(after, paged_attention_reference(*args))
 
 
+@pytest.mark.parametrize("extend", [False, True], ids=["decode", "extend"])
+def test_batched_buckets_a_ragged_batch_and_still_equals_the_reference(extend):
+    """24 sequences of very different lengths are cut into buckets; the answer does not change."""
+    from paged_kv_lib.attention.batched import plan_batch
+
+    lens = [3 + (i * 97) % 400 for i in range(24)]
+    query_lens = [max(1, n // (1 + i % 3)) for i, n in enumerate(lens)] if extend else None
+    batch = make_paged_batch(lens, num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                             query_lens=query_lens, spare_blocks=2, pad_columns=1, poison=True)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
+    qsl = batch.query_start_loc if extend else None
+    plan = plan_batch(batch.block_tables, batch.seq_lens, 2, 8, qsl)
+    assert len(plan.buckets) > 1
+    covered = torch.cat([b.seqs for b in plan.buckets]).sort().values
+    assert torch.equal(covered, torch.arange(24))
+    if extend:
+        out, expected = paged_attention_extend_batched(*args, qsl), paged_attention_extend_reference(*args, qsl)
+    else:
+        out, expected = paged_attention_batched(*args), paged_attention_reference(*args)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_torch_backend_runs_the_batched_path(monkeypatch):
     calls = []
     real = api.paged_attention_batched

@@ -225,3 +225,23 @@ def test_shipped_model_writes_words_of_its_corpus() -> None:
     assert len(words) >= 10
     known = sum(w in vocabulary for w in words)
     assert known >= 0.8 * len(words), text
+
+
+def test_stacked_projections_follow_the_weights() -> None:
+    """The q/k/v and gate/up matmuls run on stacked weights: a change to a weight is seen at
+    once, and training still reaches every parameter."""
+    model = TinyTransformer(ModelConfig(), seed=4).eval()
+    with torch.no_grad():
+        before = model(PROMPT)
+        model.layers[0].wk.weight.mul_(0.5)
+        after = model(PROMPT)
+    assert not torch.allclose(before, after)
+    fresh = TinyTransformer(ModelConfig(), seed=4).eval()
+    fresh.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(PROMPT), after)
+    model.train()
+    model(PROMPT).sum().backward()
+    for name in ("wq", "wk", "wv", "w_gate", "w_up"):
+        grad = getattr(model.layers[1], name).weight.grad
+        assert grad is not None and grad.abs().sum() > 0, name

@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 # A bucket's padded work is about count * query rows * width; one more bucket costs about
 # as much as this many (query, key) pairs in fixed per-call overhead.
-BUCKET_OVERHEAD = 1024
+BUCKET_OVERHEAD = 512
 MAX_BUCKETS = 4
 
 
