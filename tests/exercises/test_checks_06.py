@@ -167,8 +167,20 @@ def test_serving_catches_a_missing_copy():
 
 
 @pytest.mark.skipif(not HAS_DIFFERENTIAL, reason="conformance.check_allocator not there yet")
-def test_allocator_conforms_catches_a_fork_without_counts():
-    assert "check_allocator(MyAllocator)" in fails(check_allocator_conforms, ForkWithoutCounts)
+class PromptPlusOne(Sharing):
+    def allocate_for_sequence(self, seq_id, num_prompt_tokens):
+        if seq_id in self.tables:
+            raise ValueError(seq_id)
+        need = num_prompt_tokens // self.block_size + 1
+        if need > len(self.free):
+            raise RuntimeError("out of blocks")
+        self.tables[seq_id] = self.take_blocks(need)
+        self.lengths[seq_id] = num_prompt_tokens
+
+
+def test_allocator_conforms_catches_a_wrong_prompt_size():
+    message = fails(check_allocator_conforms, PromptPlusOne)
+    assert "check_allocator(MyAllocator)" in message and "a = MyAllocator(" in message
 
 
 # --------------------------------------------------------------------------- 06.2
