@@ -211,6 +211,29 @@ def test_kept_reference_is_stopped_with_a_message(model):
         serve(model, KeepsOldReference, 60, 3, PROMPTS[:1], n=2)
 
 
+class TakesThenFails(BookkeepingAllocator):
+    """Takes blocks one by one and raises when it runs out, keeping what it took."""
+
+    def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
+        table, length = self.tables[seq_id], self.lengths[seq_id]
+        new = []
+        while (len(table) + len(new)) * self.block_size < length + num_tokens:
+            if not self.free:
+                table.extend(new)
+                raise RuntimeError("out of blocks")
+            new += self._take(1)
+        table.extend(new)
+        self.lengths[seq_id] = length + num_tokens
+        return new
+
+
+def test_a_failed_call_that_changes_state_is_named(model):
+    alloc = engine_for(model, TakesThenFails(3, 2)).allocator
+    alloc.allocate_for_sequence(0, 4)
+    with pytest.raises(AllocatorContractError, match="must change nothing"):
+        alloc.append_tokens(0, 5)
+
+
 def test_the_class_itself_and_bad_options(model):
     engine = engine_for(model, BookkeepingAllocator, num_blocks=20, block_size=4)
     assert isinstance(engine.allocator, LearnerBackedAllocator)

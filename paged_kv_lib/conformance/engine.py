@@ -200,7 +200,11 @@ class LearnerBackedAllocator:
         if seq_id in self._swapped:
             raise SequenceStateError(f"sequence {seq_id} is swapped out")
         call = f"allocate_for_sequence({seq_id}, {n})"
-        self.inner.allocate_for_sequence(seq_id, n)
+        try:
+            self.inner.allocate_for_sequence(seq_id, n)
+        except (ValueError, RuntimeError):
+            self._check_unchanged(call)
+            raise
         table = self._read_table(seq_id, n, call)
         self._expect_fresh(table, call)
         self._install(seq_id, table, n)
@@ -214,7 +218,11 @@ class LearnerBackedAllocator:
         length = self._lengths[seq_id] + num_tokens
         call = f"append_tokens({seq_id}, {num_tokens})"
         _, must_copy = self._append_cost(seq_id, num_tokens)
-        returned = self.inner.append_tokens(seq_id, num_tokens)
+        try:
+            returned = self.inner.append_tokens(seq_id, num_tokens)
+        except (ValueError, RuntimeError):
+            self._check_unchanged(call)
+            raise
         after = self._read_table(seq_id, length, call)
         replaced = [(old, new) for old, new in zip(before, after) if old != new]
         if must_copy and not replaced:
@@ -403,6 +411,17 @@ class LearnerBackedAllocator:
                 self._holders[block_id] = left
             else:
                 del self._holders[block_id]
+
+    def _check_unchanged(self, call: str) -> None:
+        """After ``call`` raised: the learner's mappings and free count must be as they were."""
+        for seq_id, table in self._tables.items():
+            got = self.inner.get_block_mapping(seq_id)
+            if list(got) != table:
+                raise AllocatorContractError(
+                    f"{call} raised, but changed sequence {seq_id}'s mapping from {table} to {got}: "
+                    "a call that fails must change nothing"
+                )
+        self._check_free_count(call + " (which raised)")
 
     def _check_free_count(self, call: str) -> None:
         free = self._free_count(call)
