@@ -70,7 +70,6 @@ class BlockManager:
 
     @property
     def num_free_cpu_blocks(self) -> int:
-        """Free blocks in the CPU swap space."""
         return len(self._cpu_free)
 
     @property
@@ -211,7 +210,8 @@ class BlockManager:
 
         A block nobody else holds goes back to the free queue keeping its content key (still findable).
         """
-        seq_id = as_seq_id(seq_id)
+        if type(seq_id) is not int:
+            seq_id = as_seq_id(seq_id)
         table = self._tables.pop(seq_id, None)
         if table is not None:
             self._release(table.block_ids)
@@ -228,19 +228,19 @@ class BlockManager:
         seed's ``(length + 1) % block_size == 0`` asked one token early). A shared, non-full last block is
         copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable.
         """
-        if type(seq_id) is not int:
-            seq_id = as_seq_id(seq_id)
-        try:
-            table = self._tables[seq_id]
-        except KeyError:
-            raise self._missing(seq_id) from None
-        # Fast path, most decode steps: room in an unshared last block, no content tracking.
-        if token_ids is None and type(num_tokens) is int:
-            old_len = table.num_tokens
-            if old_len <= old_len + num_tokens <= table.append_limit:
-                table.num_tokens = old_len + num_tokens
+        # Fast path, most decode steps: plain ints, room in an unshared last block, no content tracking.
+        if token_ids is None and type(num_tokens) is int and type(seq_id) is int:
+            try:
+                table = self._tables[seq_id]
+            except KeyError:
+                raise self._missing(seq_id) from None
+            new_len = table.num_tokens + num_tokens
+            if table.num_tokens <= new_len <= table.append_limit:
+                table.num_tokens = new_len
                 return ()
-        return self._grow(seq_id, table, as_count(num_tokens, "num_tokens"), token_ids)
+            if num_tokens >= 0:  # a block boundary (or a shared tail): the checked path, args already checked
+                return self._grow(seq_id, table, num_tokens, None)
+        return self._grow(seq_id, self.table(seq_id), as_count(num_tokens, "num_tokens"), token_ids)
 
     def append_block_to_sequence(self, seq_id: int) -> int:
         """The seed's low-level step: reserve one more (empty) block for a sequence whose blocks are full.
@@ -447,4 +447,4 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 released.append(block_id)
-        self._free.extend(released)
+        self._free.extend_unchecked(released)  # each was held until now, so none is queued

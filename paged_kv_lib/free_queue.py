@@ -114,22 +114,28 @@ class FreeBlockQueue:
     def extend(self, block_ids: Iterable[int]) -> None:
         """Append several ids at the tail, in order; every id is checked before any is linked."""
         ids = list(block_ids)
-        prev_of = self._prev
+        sentinel, prev_of = self._sentinel, self._prev
         for block_id in ids:
-            if type(block_id) is not int or not 0 <= block_id < self._sentinel or prev_of[block_id] != NOT_QUEUED:
+            if type(block_id) is not int or not 0 <= block_id < sentinel or prev_of[block_id] != NOT_QUEUED:
                 self._refuse(block_id, queued=False)
         if len(set(ids)) != len(ids):
             twice = next(b for b in ids if ids.count(b) > 1)
             raise InvalidArgumentError(f"block {twice} appears twice in one extend")
-        sentinel, next_of = self._sentinel, self._next
+        self.extend_unchecked(ids)
+
+    def extend_unchecked(self, block_ids: List[int]) -> None:
+        """:meth:`extend` without the checks, for a caller that knows the ids are valid, distinct and
+        not queued (the block manager, releasing blocks whose ref count just fell to 0). Wrong ids
+        corrupt the queue; :meth:`check` would then fail."""
+        sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
         tail = prev_of[sentinel]
-        for block_id in ids:
+        for block_id in block_ids:
             next_of[tail] = block_id
             prev_of[block_id] = tail
             tail = block_id
         next_of[tail] = sentinel
         prev_of[sentinel] = tail
-        self._len += len(ids)
+        self._len += len(block_ids)
 
     def append(self, block_id: int) -> None:
         """Put ``block_id`` at the tail (it will be handed out last)."""

@@ -183,7 +183,8 @@ class SeedAllocator:
         self.sequence_block_tables[child_seq_id] = SeedBlockTable(list(parent.block_ids))
 
     def _table(self, seq_id: int) -> SeedBlockTable:
-        table = self.sequence_block_tables.get(as_seq_id(seq_id))
+        table = self.sequence_block_tables.get(seq_id) if type(seq_id) is int else None
         if table is None:
+            as_seq_id(seq_id)  # a bool or a non-int: a type error rather than "unknown"
             raise UnknownSequenceError(f"sequence {seq_id!r} is not allocated")
         return table
