@@ -424,3 +424,39 @@ def test_importing_the_grading_package_pulls_in_no_widgets():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_kernel_that_cannot_be_interrupted_leaves_no_connection_file_or_process(tmp_path):
+    """The judge talks to the kernel over pipes: no Jupyter connection file exists to be left
+    behind, and the kernel's whole process group is killed, even without the sandbox."""
+    import os
+    import signal
+
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    runtime = Path(jupyter_runtime_dir())
+    before = set(runtime.glob("kernel-*.json")) if runtime.is_dir() else set()
+    marker = tmp_path / "child.pid"
+    stubborn = BLOCKS_STUBBORN + (
+        "\nimport subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(marker)!r}, 'w').write(str(child.pid))\n"
+    )
+    path = write(submission({"90.1": ADD_OK, "90.3": stubborn}), tmp_path / "90_demo.ipynb")
+    report = grader.grade_notebook(path, pristine=PRISTINE, cell_timeout=3, sandbox_mode="none")
+    assert [t.passed for t in report.tasks] == [True, False, False]
+    assert "could not be interrupted" in report.tasks[2].failure or report.tasks[2].failure.startswith("timed out")
+    after = set(runtime.glob("kernel-*.json")) if runtime.is_dir() else set()
+    assert after == before
+    child = int(marker.read_text())
+    time.sleep(1)
+    try:
+        os.kill(child, 0)
+        alive = Path(f"/proc/{child}/status").read_text().find("State:\tZ") < 0
+    except ProcessLookupError:
+        alive = False
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "a process the learner's code started outlived grading"
