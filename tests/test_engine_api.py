@@ -357,3 +357,30 @@ def test_abort_request_releases_its_blocks(model) -> None:
     outputs = engine.run(progress=False)
     assert [o.request_id for o in outputs] == [keep]
     assert engine.allocator.num_used_blocks == 0
+
+
+def test_a_failure_half_way_through_a_swap_out_loses_no_request(model, monkeypatch) -> None:
+    alloc = model.new_allocator(6, 4, num_cpu_blocks=32)
+    engine = Engine(model, alloc, watermark=0.0, preemption_mode="swap")
+    first = list(range(60, 72))
+    engine.add_request(first, 5)
+    engine.add_request("fork", 3, n=2)
+    engine.step()
+    real, calls = alloc.swap_out, []
+
+    def second_fails(seq_id):
+        calls.append(seq_id)
+        if len(calls) == 2:
+            raise RuntimeError("copy to host failed")
+        real(seq_id)
+
+    monkeypatch.setattr(alloc, "swap_out", second_fails)
+    with pytest.raises(RuntimeError, match="copy to host"):
+        engine.step()  # preempting the forked request swaps its two samples out
+    monkeypatch.undo()
+    alloc.check_invariants()
+    assert alloc.num_used_blocks == 0 and alloc.swapped_seq_ids == ()
+    assert sorted(r.request_id for r in engine.waiting) == [0, 1]
+    outputs = engine.run(progress=False)
+    assert list(outputs[0].token_ids) == generate_no_cache(model, first, 5)
+    assert [list(o) for o in outputs[1].outputs] == [generate_no_cache(model, encode("fork"), 3)] * 2

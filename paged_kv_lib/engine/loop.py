@@ -313,7 +313,8 @@ class Engine:
         while self.running:
             if alloc.can_append([s.seq_id for r in self.running for s in r.live_samples()]):
                 break
-            self._preempt(self.running.pop())  # the newest request
+            self._preempt(self.running[-1])  # the newest request; off the list once that worked
+            self.running.pop()
             preempted += 1
         return preempted
 
@@ -444,21 +445,28 @@ class Engine:
     def _allocate(self, request: Request) -> bool:
         """Allocate what a request about to be prefilled needs, if the allocator says it fits; all or none.
 
-        A new request allocates its prompt once (its other samples fork after prefill); a
-        request resuming after recompute re-allocates each sample's prompt + output (cache
-        hits, the samples' shared prompt included, counted by the allocator).
+        A new request allocates its prompt once (its other samples fork after prefill),
+        as ``can_allocate`` allows. A request resuming after recompute re-allocates each
+        sample's prompt + output: with one sample ``can_allocate`` decides; with several,
+        the sum of their ``blocks_needed`` (cache hits not counted, so never too few) plus
+        ``watermark_blocks`` must be free. It is decided before anything is allocated,
+        since an allocation registers its blocks' content for the prefix cache before
+        their K/V is computed, and must not be undone without computing it.
         """
         alloc = self.allocator
-        chunks = []
         samples = request.live_samples() if request.started else request.samples[:1]
-        for sample in samples:
-            tokens = request.prompt + sample.output
-            if not alloc.can_allocate(len(tokens), token_ids=tokens, watermark=self.watermark):
-                for done, _, _ in chunks:
-                    alloc.free_sequence(done.seq_id)
-                return False
-            cached = alloc.allocate_for_sequence(sample.seq_id, len(tokens), token_ids=tokens)
-            chunks.append((sample, tokens, cached))
+        tokens = [request.prompt + s.output for s in samples]
+        if len(samples) == 1:
+            fits = alloc.can_allocate(len(tokens[0]), token_ids=tokens[0], watermark=self.watermark)
+        else:
+            needed = sum(alloc.blocks_needed(len(t)) for t in tokens)
+            fits = needed + alloc.watermark_blocks(self.watermark) <= alloc.num_free_blocks
+        if not fits:
+            return False
+        chunks = []
+        for sample, ids in zip(samples, tokens):
+            cached = alloc.allocate_for_sequence(sample.seq_id, len(ids), token_ids=ids)
+            chunks.append((sample, ids, cached))
         if not request.started:
             request.num_cached_tokens = chunks[0][2]
         self._pending_prefill[request.request_id] = chunks
