@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from importlib import resources
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -166,7 +166,7 @@ class TinyTransformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self._init_weights(as_count(seed, "seed"))
-        self._fused_cache: Dict[int, tuple] = {}
+        self._weights_cache: Optional[tuple] = None
 
     def _init_weights(self, seed: int) -> None:
         # Unit-variance activations make even an untrained model's logits decisive, so
@@ -194,37 +194,46 @@ class TinyTransformer(nn.Module):
         n, eps, d = tokens.shape[0], cfg.norm_eps, cfg.head_dim
         hq, hkv = cfg.num_heads, cfg.num_kv_heads
         cos, sin = rotary_tables(positions, d, cfg.rope_theta)
-        x = F.embedding(tokens, self.embed.weight)
-        for index, layer in enumerate(self.layers):
-            w_qkv, w_gate_up = self._fused(index)
-            h = rms_norm(x, layer.attn_norm.weight, eps)
+        embed, layers, final_norm = self._weights()
+        x = F.embedding(tokens, embed)
+        for index, (attn_norm, w_qkv, wo, mlp_norm, w_gate_up, w_down) in enumerate(layers):
+            h = rms_norm(x, attn_norm, eps)
             qkv = F.linear(h, w_qkv).view(n, hq + 2 * hkv, d)
             qk = apply_rotary(qkv[:, : hq + hkv], cos, sin)  # q and k turn by the same angles
             q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
-            x = x + F.linear(attend(index, q, k, v).reshape(n, cfg.dim), layer.wo.weight)
-            h = rms_norm(x, layer.mlp_norm.weight, eps)
+            x = x + F.linear(attend(index, q, k, v).reshape(n, cfg.dim), wo)
+            h = rms_norm(x, mlp_norm, eps)
             gate, up = F.linear(h, w_gate_up).split(cfg.hidden_dim, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down.weight)
-        return rms_norm(x, self.norm.weight, eps)
+            x = x + F.linear(F.silu(gate) * up, w_down)
+        return rms_norm(x, final_norm, eps)
 
-    def _fused(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``index``'s q/k/v and gate/up weights stacked, so each pair or triple is one matmul.
+    def _weights(self) -> Tuple[torch.Tensor, List[Tuple[torch.Tensor, ...]], torch.Tensor]:
+        """The weights ``_run`` uses, each layer's q/k/v and gate/up stacked so each is one matmul.
 
-        Without gradients the stacks are kept until any of those weights changes (their
-        version counters and storage tell), e.g. after ``load_state_dict`` or ``.to()``;
-        the parameters themselves stay separate.
+        Without gradients they are kept until a parameter changes (its identity, storage or
+        version counter tells: ``load_state_dict``, ``.to()``, an in-place edit); with
+        gradients (training) they are stacked afresh so gradients reach the parameters.
+        The parameters themselves stay separate.
         """
-        layer = self.layers[index]
-        parts = (layer.wq.weight, layer.wk.weight, layer.wv.weight, layer.w_gate.weight, layer.w_up.weight)
-        if torch.is_grad_enabled():  # training: stack afresh, so gradients reach the parameters
-            return torch.cat(parts[:3]), torch.cat(parts[3:])
-        key = tuple((p.data_ptr(), p._version) for p in parts)
-        cached = self._fused_cache.get(index)
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                cached = (key, torch.cat(parts[:3]), torch.cat(parts[3:]))
-            self._fused_cache[index] = cached
-        return cached[1], cached[2]
+        params = tuple(self.parameters())
+        key = tuple((id(p), p.data_ptr(), p._version) for p in params)
+        if not torch.is_grad_enabled() and self._weights_cache is not None and self._weights_cache[0] == key:
+            return self._weights_cache[1]
+        layers = [
+            (
+                layer.attn_norm.weight,
+                torch.cat((layer.wq.weight, layer.wk.weight, layer.wv.weight)),
+                layer.wo.weight,
+                layer.mlp_norm.weight,
+                torch.cat((layer.w_gate.weight, layer.w_up.weight)),
+                layer.w_down.weight,
+            )
+            for layer in self.layers
+        ]
+        weights = (self.embed.weight, layers, self.norm.weight)
+        if not torch.is_grad_enabled():
+            self._weights_cache = (key, weights)
+        return weights
 
     def _tokens(self, token_ids: TokenIds) -> torch.Tensor:
         t = torch.as_tensor(token_ids, dtype=torch.int64, device=self.device)
