@@ -280,3 +280,31 @@ def test_can_append_is_exactly_what_appending_takes(ops, grow, num_tokens, water
             assert answer
         except OutOfBlocksError:
             assert not answer
+
+
+@settings(max_examples=200)
+@given(
+    holders=st.integers(1, 4),
+    growers=st.integers(0, 4),
+    spare=st.integers(0, 5),
+    tail_fill=st.integers(1, 4),
+    num_tokens=st.integers(1, 6),
+)
+def test_can_append_around_one_shared_tail(holders, growers, spare, tail_fill, num_tokens):
+    """A tail shared by ``holders`` tables, grown by some of them, with a few blocks spare: the answer is the act."""
+    growers = min(growers, holders)
+    alloc = make(num_blocks=16, block_size=4)
+    alloc.allocate_for_sequence(0, 4 + tail_fill)  # the second block holds tail_fill of 4
+    for child in range(1, holders):
+        alloc.fork(0, child)
+    alloc.allocate_for_sequence(99, 4 * (alloc.num_free_blocks - spare))  # leave `spare` free
+    grow = list(range(growers))
+    answer = alloc.can_append(grow, num_tokens)
+    try:
+        for seq_id in grow:
+            alloc.append_tokens(seq_id, num_tokens)
+        fits = True
+    except OutOfBlocksError:
+        fits = False
+    assert answer is fits
+    alloc.check_invariants()
