@@ -93,13 +93,16 @@ class AllocatorMachine(RuleBasedStateMachine):
         a = self.alloc
         seq_id = self._pick(data, self.tokens)
         old = len(self.tokens[seq_id])
+        predicted, fits = a.blocks_to_append(seq_id, len(new)), a.can_append([seq_id], len(new))
+        free_before = a.num_free_blocks
         try:
             before = snapshot(a)
             placed = a.append_tokens(seq_id, len(new), token_ids=new if with_ids else None)
         except OutOfBlocksError as err:
-            assert err.needed > err.free == a.num_free_blocks
+            assert err.needed == predicted > err.free == a.num_free_blocks and not fits
             assert_same_state(before, snapshot(a))
             return
+        assert fits and free_before - a.num_free_blocks == predicted, "the scheduler's answer is the act"
         assert len(set(placed)) == len(placed)
         assert set(placed) <= set(a.get_block_mapping(seq_id))
         self._assert_owns(seq_id, range(old, old + len(new)))  # appending never writes a shared block
@@ -164,6 +167,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         a = self.alloc
         seq_id = self._pick(data, self.swapped)
         n = a.blocks_needed(len(self.swapped[seq_id]))
+        assert a.can_swap_in(seq_id) is (n <= a.num_free_blocks)
         if n > a.num_free_blocks:
             self._expect_failure(lambda: a.swap_in(seq_id), OutOfBlocksError)
             return
