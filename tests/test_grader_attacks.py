@@ -23,7 +23,7 @@ from typing import Dict
 import nbformat
 import pytest
 
-from paged_kv_lib.grading import grader, sandbox
+from paged_kv_lib.grading import batch, grader, sandbox
 from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grading"
@@ -320,3 +320,19 @@ def test_attacks_on_a_real_exercise_earn_nothing(tmp_path):
     if sandbox.bwrap_problem():
         pytest.skip("without the sandbox the solutions can be read (documented)")
     assert solved == [], [(t.task, t.failure) for t in report.tasks]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_without_the_sandbox_a_batch_flags_grades_after_the_course_changed(course, tmp_path):
+    """--sandbox none cannot stop a submission from rewriting the exercises; the batch notices and
+    flags every grade from then on."""
+    folder = tmp_path / "class"
+    gradebook = tmp_path / "gradebook.csv"
+    write(submission(course, attacks(course, gradebook)["tamper_with_course_files"]), folder / "a_tamper" / "90_demo.ipynb")
+    write(submission(course, {"90.1": ADD_OK}), folder / "b_honest" / "90_demo.ipynb")
+    found, _ = batch.find_submissions(folder)
+    results = batch.grade_batch(found, course=course, cell_timeout=TIMEOUT, jobs=1, progress=False, sandbox_mode="none")
+    rows = batch.write_gradebook(results, gradebook)
+    flagged = {row["learner"] for row in rows if row["flag"].startswith(batch.TAMPERED)}
+    assert flagged == {"a_tamper", "b_honest"}, rows

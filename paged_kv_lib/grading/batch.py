@@ -134,6 +134,11 @@ def grade_batch(
             course = None
     pristines = load_pristines(submissions, pristine, course)
     hide = list(hidden) + [s.path.resolve().parent for s in submissions]
+    from . import sandbox
+
+    watch = [] if sandbox_mode != "none" and not sandbox.bwrap_problem() else _watched(course, pristine)
+    baseline = fingerprint(watch)
+    changed_after = ""
     results: List[BatchResult] = []
     bar = None
     if progress:
@@ -146,13 +151,48 @@ def grade_batch(
             for s in submissions
         }
         for future in as_completed(futures):
-            results.append(BatchResult(futures[future], future.result()))
+            report = future.result()
+            if watch and not changed_after and fingerprint(watch) != baseline:
+                changed_after = str(futures[future].path)
+            if changed_after:  # without a sandbox a submission rewrote the course: later grades are suspect
+                report.notes.append(f"{TAMPERED} (noticed after grading {changed_after})")
+            results.append(BatchResult(futures[future], report))
             if bar is not None:
                 bar.update(1)
     if bar is not None:
         bar.close()
     results.sort(key=lambda r: (r.submission.learner, r.submission.exercise, str(r.submission.path)))
     return results
+
+
+TAMPERED = "the library or the exercises changed on disk during this unsandboxed batch; grades from then on cannot be trusted"
+
+
+def _watched(course: Optional[Path], pristine: Optional[Union[str, Path]]) -> List[Path]:
+    """What an unsandboxed submission could rewrite to fool the grades of the ones after it."""
+    library = Path(__file__).resolve().parents[1]
+    folders = [library]
+    if course is not None:
+        folders.append(Path(course) / "exercises")
+    if pristine is not None:
+        folders.append(Path(pristine))
+    return folders
+
+
+def fingerprint(paths: Sequence[Path]) -> str:
+    """A digest of the files under ``paths`` (names, sizes, modification times and contents of .py
+    and .ipynb files)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for root in paths:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in (".py", ".ipynb"))
+        for path in files:
+            try:
+                digest.update(str(path).encode() + path.read_bytes())
+            except OSError:
+                digest.update(str(path).encode() + b"?")
+    return digest.hexdigest()
 
 
 def escape_cell(value: Any) -> Any:
@@ -181,7 +221,9 @@ def gradebook_rows(results: Iterable[BatchResult]) -> List[dict]:
         sub, report = result.submission, result.report
         exercise = report.exercise or sub.exercise
         count = doubled.get((sub.learner, exercise))
-        flag = f"{count} submissions of {exercise} by this learner" if count else ""
+        flags = [f"{count} submissions of {exercise} by this learner"] if count else []
+        flags += [n for n in report.notes if n.startswith(TAMPERED)]
+        flag = "; ".join(flags)
         if not report.tasks:
             rows.append(dict(learner=sub.learner, notebook=exercise, task="", points=0,
                              passed=0, earned=0, failure=first_line(report.error) or "no tasks",

@@ -164,6 +164,9 @@ def _run_batch(args: argparse.Namespace) -> int:
     isolation = next((n for r in results for n in r.report.notes if n.startswith("grading was not isolated")), "")
     if isolation:
         print(f"\nnote: {isolation}")
+    tampered = next((n for r in results for n in r.report.notes if n.startswith("the library or the exercises")), "")
+    if tampered:
+        print(f"warning: {tampered}", file=sys.stderr)
     learners = len({s.learner for s in submissions})
     print(f"\n{len(submissions)} notebook(s) of {learners} learner(s); {len(rows)} row(s) written to {args.csv}")
     return 0
