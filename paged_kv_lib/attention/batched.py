@@ -234,6 +234,7 @@ def _attend_bucket(
         )
         return out.transpose(1, 2)[plan.pack].to(q.dtype)
     # Decode: each K/V head serves its group's query heads, [S, hkv, group, d].
+    assert plan.mask is not None  # a decode plan always carries its bias
     group = q_heads // kv_heads
     qg = q.float().view(num_seqs, kv_heads, group, head_dim)
     scores = torch.matmul(qg, k.transpose(2, 3)).mul_(scale)
