@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from array import array
-from typing import Any, List
+from typing import Any, Iterable, List
 
 from .errors import InvalidArgumentError, InvalidTypeError
 
@@ -24,6 +24,13 @@ def as_seq_id(value: Any) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InvalidTypeError(f"seq_id must be an int, got {type(value).__name__} {value!r}")
     return operator.index(value)
+
+
+def as_iterable(value: Any, name: str) -> Iterable[Any]:
+    """``value`` itself when it can be iterated (a list, a tuple, a generator), else a typed error."""
+    if not isinstance(value, Iterable):
+        raise InvalidTypeError(f"{name} must be an iterable of ints, got {type(value).__name__} {value!r}")
+    return value
 
 
 def as_fraction(value: Any, name: str) -> float:

@@ -1,16 +1,14 @@
 """``BlockManager``: which sequence holds which block. Bookkeeping only, no tensors.
 
-Its whole state: ``_blocks`` (one :class:`Block` per physical block: ref count, content
-key), ``_free`` (the :class:`FreeBlockQueue`, next handed out first), ``_tables`` (each
-resident sequence's :class:`BlockTable`), ``_prefix`` (the :class:`PrefixCache`, content
-key -> block, so equal prompt prefixes share), ``_swapped`` and ``_cpu_free`` (tables of
-swapped-out sequences, in CPU block ids, and the CPU pool).
+Its whole state: ``_blocks`` (one :class:`Block` per physical block: ref count, content key),
+``_free`` (the :class:`FreeBlockQueue`, next handed out first), ``_tables`` (each resident
+sequence's :class:`BlockTable`), ``_prefix`` (the :class:`PrefixCache`: content key -> block),
+``_swapped`` and ``_cpu_free`` (swapped-out sequences' tables, in CPU block ids, and the CPU pool).
 
-It is the only code that changes a ref count, and it answers the scheduler's questions
-(can these sequences grow, can this one swap in) with the arithmetic the acts use. Every
-public method checks before it changes anything, so a call that raises changes nothing.
-It moves no bytes: copy-on-write calls ``on_copy(src, dst)``, and ``swap_out``/``swap_in``
-return the block ids whose contents the owner must move.
+It alone changes ref counts, and it answers the scheduler's questions (can these sequences
+grow, can this one swap in) with the arithmetic the acts use. Every public method checks
+before it changes anything: a call that raises changes nothing. It moves no bytes: copy-on-write
+calls ``on_copy(src, dst)``; ``swap_out``/``swap_in`` return the block ids whose bytes to move.
 """
 
 from __future__ import annotations
@@ -19,10 +17,10 @@ import math
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ._validate import as_count, as_fraction, as_seq_id, as_token_ids
+from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_ids
 from .block import Block, blocks_needed, cdiv
 from .block_table import BlockTable
-from .errors import BlocksInUseError, DuplicateSequenceError, InvalidArgumentError, InvalidTypeError
+from .errors import BlocksInUseError, DuplicateSequenceError, InvalidArgumentError
 from .errors import OutOfBlocksError, SequenceStateError, UnknownSequenceError
 from .free_queue import FreeBlockQueue
 from .prefix_cache import PrefixCache, PromptPlan, as_extra_key, chain_keys, extend_chain
@@ -117,9 +115,8 @@ class BlockManager:
         """
         return math.ceil(as_fraction(watermark, "watermark") * self.num_blocks)
 
-    def can_allocate(
-        self, num_tokens: int, *, token_ids: TokenIds = None, watermark: float = 0.0, extra_key: ExtraKey = None
-    ) -> bool:
+    def can_allocate(self, num_tokens: int, *, token_ids: TokenIds = None, watermark: float = 0.0,
+                     extra_key: ExtraKey = None) -> bool:
         """Whether a new sequence of ``num_tokens`` tokens fits now, cache hits counted, leaving the watermark."""
         num_tokens = as_count(num_tokens, "num_tokens")
         reserve = self.watermark_blocks(watermark)
@@ -142,12 +139,10 @@ class BlockManager:
         """
         num_tokens = as_count(num_tokens, "num_tokens")
         reserve = self.watermark_blocks(watermark)
-        if not isinstance(seq_ids, Iterable):
-            raise InvalidTypeError(f"seq_ids must be an iterable of ints, got {type(seq_ids).__name__} {seq_ids!r}")
         needed = 0
         growers: Dict[int, int] = {}  # shared, non-full tail block -> how many listed sequences grow it
         seen = set()
-        for seq_id in seq_ids:
+        for seq_id in as_iterable(seq_ids, "seq_ids"):
             table = self.table(seq_id)
             if seq_id in seen:
                 raise InvalidArgumentError(f"sequence {seq_id} is listed twice in can_append")
@@ -166,9 +161,8 @@ class BlockManager:
         return len(self._free) - len(self._swapped_table(seq_id).block_ids) >= reserve
 
     # ------------------------------------------------------------------ allocate
-    def allocate_for_sequence(
-        self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None, extra_key: ExtraKey = None
-    ) -> int:
+    def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None,
+                              extra_key: ExtraKey = None) -> int:
         """Give a new sequence the blocks for its prompt; returns how many prompt tokens were found cached.
 
         With ``token_ids`` (and prefix caching on) the longest run of leading full blocks whose content
@@ -395,8 +389,13 @@ class BlockManager:
         """Give the table a private copy of its shared block at logical ``index``."""
         src = table.block_ids[index]
         (dst,) = self._take_blocks(1)
-        if self.on_copy is not None:
-            self.on_copy(src, dst)
+        try:
+            if self.on_copy is not None:
+                self.on_copy(src, dst)
+        except BaseException:  # the bytes did not move: hand the block back (its cached content is forgotten)
+            self._blocks[dst].ref_count = 0
+            self._free.appendleft(dst)
+            raise
         self._blocks[src].ref_count -= 1
         table.block_ids[index] = dst
         self._refresh_limit(table)

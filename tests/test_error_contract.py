@@ -144,3 +144,25 @@ def test_snapshot_notices_every_kind_of_state(name, change):
     change(alloc)
     with pytest.raises(AssertionError):
         assert_same_state(before, snapshot(alloc))
+
+
+def test_a_failed_block_copy_leaves_the_bookkeeping_as_it_was():
+    """Copy-on-write takes a block, then asks the store to copy; if that copy raises, the block goes back."""
+    alloc = PagedKVCacheAllocator(6, 4, H, D, torch.float32)
+    alloc.allocate_for_sequence(1, 6)
+    alloc.fork(1, 2)
+    before = snapshot(alloc)
+
+    def broken_copy(src, dst):
+        raise RuntimeError("device copy failed")
+
+    alloc.manager.on_copy = broken_copy
+    with pytest.raises(RuntimeError, match="device copy failed"):
+        alloc.append_tokens(2)
+    with pytest.raises(RuntimeError, match="device copy failed"):
+        alloc.write_kv(1, [0], *kv())
+    assert_same_state(before, snapshot(alloc))
+    alloc.check_invariants()
+    alloc.manager.on_copy = alloc.store.copy_block
+    assert alloc.append_tokens(2) == (2,)
+    alloc.check_invariants()
