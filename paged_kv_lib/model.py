@@ -13,6 +13,7 @@ shared by three ways of running it, so they differ only in where K/V lives:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -107,10 +108,15 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple
 
     They depend only on the positions, so a forward computes them once for every layer.
     """
-    half = head_dim // 2
-    freqs = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
-    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
+    angles = positions.to(torch.float32)[:, None] * _rotary_freqs(head_dim, theta, positions.device)[None, :]
     return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+@functools.lru_cache(maxsize=16)
+def _rotary_freqs(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """The per-channel-pair frequencies ``theta ** (-i / (d/2))``, computed once per shape."""
+    half = head_dim // 2
+    return theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -337,7 +343,12 @@ class TinyTransformer(nn.Module):
         for seq_id, n, seq_len in zip(seq_ids, q_lens, lens):
             if not 1 <= n <= seq_len:
                 raise ValueError(f"sequence {seq_id} holds {seq_len} tokens; a chunk of {n} cannot be its newest")
-        tokens = self._tokens([t for ids in id_lists for t in ids])
+        flat = [t for ids in id_lists for t in ids]
+        vocab = self.config.vocab_size
+        for t in (min(flat), max(flat)):  # checked on the list: no tensor reductions per step
+            if not 0 <= t < vocab:
+                raise ValueError(f"token id {t} is outside the vocabulary [0, {vocab})")
+        tokens = torch.tensor(flat, dtype=torch.int64, device=self.device)
         batch = PagedBatch.build(allocator, seq_ids, lens, q_lens, write, self.config.num_kv_heads)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -406,14 +417,15 @@ class PagedBatch:
         device = allocator.device
         num_seqs, block_size = len(seq_ids), allocator.block_size
         seq_lens = torch.tensor(lens, dtype=torch.int64, device=device)
-        q_lens_t = torch.tensor(q_lens, dtype=torch.int64, device=device)
-        query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.int64, device=device)
-        torch.cumsum(q_lens_t, 0, out=query_start_loc[1:])
         decode = max(q_lens) == 1
         if decode:
-            seq_of = torch.arange(num_seqs, device=device)
+            query_start_loc = torch.arange(num_seqs + 1, device=device)
+            seq_of = query_start_loc[:-1]
             positions = seq_lens - 1
         else:
+            q_lens_t = torch.tensor(q_lens, dtype=torch.int64, device=device)
+            query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.int64, device=device)
+            torch.cumsum(q_lens_t, 0, out=query_start_loc[1:])
             seq_of = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens_t, output_size=sum(q_lens))
             within = torch.arange(seq_of.shape[0], device=device) - query_start_loc[seq_of]
             positions = (seq_lens - q_lens_t)[seq_of] + within

@@ -147,12 +147,17 @@ def _plan_bucket(
     rows = (ids[:, None, :] * kv_heads + torch.arange(kv_heads, device=device)[None, :, None]).reshape(-1)
     key_pos = torch.arange(width, device=device)
     valid = key_pos[None, :] < lens[:, None]  # [S, width]
-    # Whole blocks past the length are cleared as blocks, the last block's tail slot by slot.
-    block_start = torch.arange(num_blocks, device=device) * block_size
-    past = (block_start[None, :] >= lens[:, None])[:, None, :].expand(num_seqs, kv_heads, num_blocks)
-    unseen_blocks = past.reshape(-1).nonzero().flatten()
-    tail = ~valid & (key_pos[None, :] >= (lens[:, None] // block_size) * block_size)  # [S, width]
-    unseen_slots = tail[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
+    # Whole blocks past the length are cleared as blocks, the last block's tail slot by slot
+    # (the lengths, known here, say whether there are any).
+    nothing = torch.empty(0, dtype=torch.int64, device=device)
+    unseen_blocks = unseen_slots = nothing
+    if any(-(-n // block_size) < num_blocks for n in lens_list):
+        block_start = torch.arange(num_blocks, device=device) * block_size
+        past = (block_start[None, :] >= lens[:, None])[:, None, :].expand(num_seqs, kv_heads, num_blocks)
+        unseen_blocks = past.reshape(-1).nonzero().flatten()
+    if any(n % block_size for n in lens_list):
+        tail = ~valid & (key_pos[None, :] >= (lens[:, None] // block_size) * block_size)  # [S, width]
+        unseen_slots = tail[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
     empty = lens == 0
 
     if q_lens_list is None:
