@@ -92,7 +92,11 @@ def run_hf(peer, prompts: List[List[int]], new_tokens: int) -> Dict:
     )
     seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    kv_bytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    if hasattr(cache, "layers"):  # transformers 5
+        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    else:  # transformers 4: per-layer lists
+        tensors = list(cache.key_cache) + list(cache.value_cache)
+    kv_bytes = sum(t.numel() * t.element_size() for t in tensors)
     return {
         "tokens": out.sequences[:, width:].tolist(),
         "seconds": seconds,
