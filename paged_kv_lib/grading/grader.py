@@ -506,7 +506,7 @@ def grade_notebook(
     spliced, report.notes, used = splice_cells(pristine_nb, sub_nb)
     report.notes.extend(ungraded_code(pristine_nb, sub_nb, used))
     cells, roles = prepare_for_run(spliced)
-    hide = [*hidden, *search_hidden, submission.resolve().parent]
+    hide = [*hidden, *search_hidden, submission.resolve().parent, Path(tempfile.gettempdir())]
     try:
         if course is not None or pristine is None:
             hide.append(find_course(submission, Path(course) if course else None) / "exercises")

@@ -105,8 +105,8 @@ def command(spec: SandboxSpec, argv: Sequence[str], resolved_mode: str) -> List[
             cmd += ["--ro-bind", str(path), str(path)]
     for folder in spec.hidden:
         folder = folder.resolve()
-        if not folder.is_dir() or any(_covers(folder, n) for n in needed) or _covers(folder, workdir):
-            continue
+        if not folder.is_dir() or any(_covers(folder, n) for n in needed):
+            continue  # (a folder above the working folder may go: the working folder is bound after it)
         cmd += ["--tmpfs", str(folder)]
     home = Path.home()
     if home.is_dir() and not any(_covers(home, n) for n in needed) and not _covers(home, workdir):
