@@ -88,9 +88,14 @@ def test_a_release_refuses_a_learner_version_that_would_leak_a_solution(tmp_path
 def test_grading_from_a_wheel_installed_outside_the_checkout(tmp_path):
     """``pip install`` (not editable) into a fresh environment, then grade a notebook of a released
     course from an unrelated folder: the grader finds the course from the notebook's own path."""
+    source = tmp_path / "source"  # a copy, so that building leaves nothing in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "paged_kv_lib", source / "paged_kv_lib", ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(REPO)], check=True, cwd=tmp_path, timeout=300)
+                    "-w", str(wheels), str(source)], check=True, cwd=tmp_path, timeout=300)
     (wheel,) = wheels.glob("paged_kv-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
