@@ -336,3 +336,32 @@ def test_without_the_sandbox_a_batch_flags_grades_after_the_course_changed(cours
     rows = batch.write_gradebook(results, gradebook)
     flagged = {row["learner"] for row in rows if row["flag"].startswith(batch.TAMPERED)}
     assert flagged == {"a_tamper", "b_honest"}, rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_exercise_metadata_pointing_at_the_learners_own_notebook_earns_nothing(course, tmp_path, capsys):
+    """``paged_kv.exercise`` = ``../...`` naming a notebook of the learner's own whose checks only
+    print: the name is refused as a name, the file name counts, the course's checks run."""
+    from paged_kv_lib import cli
+
+    evil = submission(course, {})
+    for cell in evil.cells:
+        if cell_task(cell) and cell_task(cell)[1] == "check":
+            cell.source = f"print('PASSED {cell_task(cell)[0]}')"
+    write(evil, tmp_path / "evil" / "90_demo.ipynb")
+    nb = submission(course, {})
+    nb.metadata["paged_kv"] = {"exercise": "../../evil/90_demo"}
+    path = write(nb, tmp_path / "class" / "mallory" / "90_demo.ipynb")
+    report = grader.grade_notebook(path, course=course, cell_timeout=TIMEOUT)
+    assert report.exercise == "90_demo" and earned(report) == {"90.1": 0, "90.2": 0, "90.3": 0}
+    gradebook = tmp_path / "gradebook.csv"
+    assert cli.main(["grade", "--batch", str(tmp_path / "class"), "--csv", str(gradebook),
+                     "--course", str(course), "--no-progress"]) == 0
+    with open(gradebook, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["learner"], r["notebook"], r["earned"]) for r in rows] == [("mallory", "90_demo", "0")] * 3
+    nb.metadata["paged_kv"] = {"exercise": "/etc/passwd"}
+    odd = write(nb, tmp_path / "odd" / "homework.ipynb")
+    assert cli.main(["grade", str(odd), "--course", str(course)]) == 2
+    assert "not an exercise name" in capsys.readouterr().out
