@@ -5,9 +5,10 @@ Two layouts are understood, and may be mixed in one folder:
 - one sub-folder per learner: ``FOLDER/<learner>/NN_topic.ipynb`` (nested folders too);
 - learner and exercise in the file name: ``FOLDER/<learner>__NN_topic.ipynb``.
 
-Each submission is graded by :func:`.grader.grade_notebook` in its own pytest process and
-kernel, so an invalid file, an endless loop or a crashed kernel costs only that
-learner's rows.
+Each submission is graded by :func:`.grader.grade_notebook` with its own judge process,
+kernel and sandbox, so an invalid file, an endless loop or a crashed kernel costs only
+that learner's rows. Every exercise's pristine copy is loaded before any learner code
+runs, and the gradebook is written atomically, with learner text escaped for spreadsheets.
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ def register(subparsers: Any) -> None:
         "grade",
         help="grade an exercise notebook (or a folder of submissions with --batch)",
         description=(
-            "Splice the solution cells of a notebook into a pristine copy of its exercise, run it "
-            "under nbval with a per-cell timeout, and print a score table. With --batch, grade every "
+            "Splice the solution cells of a notebook into a pristine copy of its exercise, run its cells "
+            "in a sandboxed kernel with a per-cell timeout, run each check outside that kernel against "
+            "the learner's objects, and print a score table. With --batch, grade every "
             "submission in FOLDER/<learner>/NN_topic.ipynb or FOLDER/<learner>__NN_topic.ipynb "
             "and write a gradebook CSV."
         ),
