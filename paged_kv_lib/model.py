@@ -221,7 +221,11 @@ class TinyTransformer(nn.Module):
         gradients (training) they are stacked afresh so gradients reach the parameters.
         The parameters themselves stay separate.
         """
-        params = tuple(self.parameters())
+        # Read straight from the modules' parameter dicts: ``parameters()`` and attribute
+        # lookups cost more than the check itself on a one-token step.
+        params = [self.embed._parameters["weight"], self.norm._parameters["weight"]]
+        for layer in self.layers:
+            params.extend(module._parameters["weight"] for module in layer._modules.values())
         key = tuple((id(p), p.data_ptr(), p._version) for p in params)
         if not torch.is_grad_enabled() and self._weights_cache is not None and self._weights_cache[0] == key:
             return self._weights_cache[1]

@@ -240,6 +240,9 @@ def test_stacked_projections_follow_the_weights() -> None:
     fresh.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(fresh(PROMPT), after)
+    with torch.no_grad():
+        model.layers[1].w_up.weight = torch.nn.Parameter(model.layers[1].w_up.weight * 2)  # a new object
+        assert not torch.allclose(model(PROMPT), after)
     model.train()
     model(PROMPT).sum().backward()
     for name in ("wq", "wk", "wv", "w_gate", "w_up"):
