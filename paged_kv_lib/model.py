@@ -242,7 +242,7 @@ class TinyTransformer(nn.Module):
         ]
         weights = (self.embed.weight, layers, self.norm.weight)
         if not torch.is_grad_enabled():
-            self._weights_cache = (key, weights)
+            self._weights_cache = (key, weights, params)  # params kept alive: their ids stay unique
         return weights
 
     def _tokens(self, token_ids: TokenIds) -> torch.Tensor:
