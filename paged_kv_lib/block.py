@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 from ._validate import as_count
 
@@ -19,6 +19,12 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     block_size = as_count(block_size, "block_size", minimum=1)
     return -(-num_tokens // block_size)
 
+
+
+def tokens_in_blocks(num_tokens: int, num_blocks: int, block_size: int) -> List[int]:
+    """How many of a sequence's ``num_tokens`` tokens sit in each of its ``num_blocks`` blocks, in
+    logical order: full blocks, then the partly filled tail, then 0 for blocks reserved ahead."""
+    return [max(0, min(num_tokens - i * block_size, block_size)) for i in range(num_blocks)]
 
 @dataclass(eq=False, slots=True)
 class Block:

@@ -419,8 +419,10 @@ def test_importing_the_grading_package_pulls_in_no_widgets():
     import subprocess
     import sys
 
+    checks = ", ".join(f"paged_kv_lib.grading.checks_{n:02d}" for n in range(2, 10))
     code = ("import sys, paged_kv_lib.grading, paged_kv_lib.grading.grader, paged_kv_lib.grading.batch, "
-            "paged_kv_lib.grading.judge; print(sorted(m for m in ('IPython', 'ipywidgets') if m in sys.modules))")
+            f"paged_kv_lib.grading.judge, {checks}; "
+            "print(sorted(m for m in ('IPython', 'ipywidgets') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -14,8 +14,8 @@ from collections import deque
 from typing import Any, Callable, Iterator, List
 
 from ..allocator import PagedKVCacheAllocator
+from ..block import tokens_in_blocks
 from ..block_table import BlockTable
-from ..viz import snapshot
 from ._common import CheckFailure, call_learner, expect_equal, expect_raises, fail, is_int, not_written, passed
 
 
@@ -187,9 +187,9 @@ def check_block_fills(my_block_fills: Callable[[BlockTable, int], List[int]]) ->
             (BlockTable([9, 8, 5, 0], num_tokens=3), 1, [1, 1, 1, 0])]
     cases = [(t, bs, want) for t, bs, want in hand]
     for alloc in _scenarios():
-        tables = alloc.sequence_block_tables
-        for row in snapshot.sequence_rows(alloc):
-            cases.append((tables[row["seq_id"]], alloc.block_size, [entry["fill"] for entry in row["blocks"]]))
+        for table in alloc.sequence_block_tables.values():
+            cases.append((table, alloc.block_size,
+                          tokens_in_blocks(table.num_tokens, len(table.block_ids), alloc.block_size)))
     for table, bs, want in cases:
         given = table.copy()
         call = f"my_block_fills({_table_text(table)}, block_size={bs})"

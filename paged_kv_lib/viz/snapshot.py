@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from ..block import tokens_in_blocks
 from ..errors import PositionError, UnknownSequenceError
 
 BlockInfo = Dict[str, Any]
@@ -28,17 +29,6 @@ def short_hash(block_hash: Any) -> Optional[str]:
     return str(block_hash)[:8]
 
 
-def _tokens_in_blocks(num_tokens: int, num_blocks: int, block_size: int) -> List[int]:
-    """How many of a sequence's tokens sit in each of its logical blocks."""
-    fills = []
-    remaining = num_tokens
-    for _ in range(num_blocks):
-        here = max(0, min(remaining, block_size))
-        fills.append(here)
-        remaining -= here
-    return fills
-
-
 def sequence_rows(allocator: Any) -> List[Dict[str, Any]]:
     """One dict per sequence (oldest first): its tokens and its logical -> physical blocks.
 
@@ -50,7 +40,7 @@ def sequence_rows(allocator: Any) -> List[Dict[str, Any]]:
     rows = []
     for seq_id in allocator.seq_ids:
         table = tables[seq_id]
-        fills = _tokens_in_blocks(table.num_tokens, len(table.block_ids), allocator.block_size)
+        fills = tokens_in_blocks(table.num_tokens, len(table.block_ids), allocator.block_size)
         rows.append(
             {
                 "seq_id": seq_id,
