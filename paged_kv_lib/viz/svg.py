@@ -409,7 +409,6 @@ def render_translation(model: Dict[str, Any], *, columns: int = 16) -> str:
         parts.append(_text(MARGIN, y + 14, "no sequence to translate: allocate one first", size=12,
                            fill=MUTED_TEXT))
         return _svg(420, 40, parts, "address translation (no sequence)", "translation")
-    color = seq_color(t["seq_id"])
     parts.append(_el("g", _seq_label(MARGIN, y + CELL_H / 2 + 4, t["seq_id"], f"seq {t['seq_id']}"),
                      class_="pkv-seq-label", data_seq=t["seq_id"]))
     logical_pos = {}
