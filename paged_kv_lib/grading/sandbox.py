@@ -92,6 +92,8 @@ def command(spec: SandboxSpec, argv: Sequence[str], resolved_mode: str) -> List[
     workdir = spec.workdir.resolve()
     needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(__file__).resolve().parents[2]]
     needed += [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # Folders a .pth file put on the path (another environment's site-packages, say) are needed too.
+    needed += [Path(p).resolve() for p in sys.path if p and Path(p).is_dir() and Path(p).resolve() != Path.cwd().resolve()]
     cmd = [
         shutil.which("bwrap") or "bwrap",
         "--ro-bind", "/", "/",
