@@ -28,8 +28,9 @@ RAW_WIDGET_TEXT = ("VBox(children", "HBox(children", "interactive(children", "Ou
 RUN_TIMEOUT_MS = 150_000
 
 
-def _open(page: Any, server: Dict[str, str], name: str) -> None:
-    page.goto(f"{server['base']}/lab/tree/lessons/{name}?token={server['token']}")
+def _open(page: Any, server: Dict[str, str], name: str, workspace: str) -> None:
+    # A workspace of its own, reset, so tabs opened by earlier tests are not restored beside it.
+    page.goto(f"{server['base']}/lab/workspaces/{workspace}/tree/lessons/{name}?reset&token={server['token']}")
     page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
     dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
     try:
@@ -55,7 +56,7 @@ def _output_texts(page: Any) -> List[str]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", LESSONS)
 def test_a_fresh_clone_shows_pictures_not_widget_text(jupyter_server, page, name):
-    _open(page, jupyter_server, name)
+    _open(page, jupyter_server, name, f"fresh{name[:2]}")
     page.wait_for_timeout(1_500)  # let the widget renderer try (and fall back) before we look
     texts = _output_texts(page)
     raw = [t[:80] for t in texts if any(marker in t for marker in RAW_WIDGET_TEXT)]
@@ -92,7 +93,7 @@ def _interact(page: Any, root: Any) -> bool:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", LESSONS)
 def test_run_all_has_no_errors_and_every_view_answers(jupyter_server, page, name):
-    _open(page, jupyter_server, name)
+    _open(page, jupyter_server, name, f"run{name[:2]}")
     page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(timeout=90_000)
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
