@@ -95,6 +95,7 @@ def jupyter_server(browser_enabled: None, tmp_path_factory: pytest.TempPathFacto
     shutil.copy(HERE / "playground.ipynb", root / "playground.ipynb")
     # The lessons as a fresh clone has them (stored outputs, no kernel state yet).
     shutil.copytree(REPO / "lessons", root / "lessons")
+    shutil.copytree(REPO / "benchmarks", root / "benchmarks")  # lessons 06 and 09 time with these
     settings = home / "settings"
     for name, values in LAB_SETTINGS.items():
         path = settings / name

@@ -72,22 +72,25 @@ def test_a_fresh_clone_shows_pictures_not_widget_text(jupyter_server, page, name
 
 def _interact(page: Any, root: Any) -> bool:
     """One learner action on a live widget: a slider key press, else a button click. True if the widget changed."""
-    before = root.inner_html()
-    handle = root.locator(".noUi-handle, .widget-slider [role=slider]").first
+    handle = root.locator(".widget-slider:not(.mod-disabled) .noUi-handle:visible").first
+    buttons = root.locator("button:not([disabled]):visible")
     if handle.count():
-        handle.focus()
-        page.keyboard.press("ArrowRight")
+        # ArrowRight first; a slider already at its end moves the other way.
+        actions = [lambda key=key: (handle.focus(), page.keyboard.press(key)) for key in ("ArrowRight", "ArrowLeft")]
+    elif buttons.count():
+        actions = [lambda: buttons.first.click()]
     else:
-        buttons = root.locator("button:not([disabled])")
-        if not buttons.count():
-            return True  # nothing to press: a display-only widget
-        buttons.first.click()
-    try:
-        page.wait_for_function("([el, html]) => el.innerHTML !== html", arg=[root.element_handle(), before],
-                               timeout=30_000)
-    except PlaywrightTimeout:
-        return False
-    return True
+        return True  # nothing to press: a display-only widget
+    for act in actions:
+        before = root.inner_html()
+        act()
+        try:
+            page.wait_for_function("([el, html]) => el.innerHTML !== html", arg=[root.element_handle(), before],
+                                   timeout=20_000)
+            return True
+        except PlaywrightTimeout:
+            continue
+    return False
 
 
 @pytest.mark.timeout(300)
@@ -117,4 +120,7 @@ def test_run_all_has_no_errors_and_every_view_answers(jupyter_server, page, name
     roots = page.locator(".jp-NotebookPanel:visible .jp-OutputArea-output .jupyter-widgets.widget-container"
                          ":not(.jupyter-widgets .jupyter-widgets)")
     silent = [i for i in range(roots.count()) if not _interact(page, roots.nth(i))]
-    assert not silent, f"{name}: live widgets {silent} did not change after a click or key press"
+    if silent:
+        page.screenshot(path=str(ARTIFACTS / f"lesson-{name[:2]}-silent.png"), full_page=True)
+        labels = [roots.nth(i).locator("button, .widget-label").all_inner_texts()[:6] for i in silent]
+    assert not silent, f"{name}: live widgets {silent} did not change after a click or key press: {labels}"
