@@ -1,0 +1,39 @@
+"""Probes: questions about identity and aliasing, asked where the learner's objects live.
+
+Whether a returned list *is* the allocator's own list cannot be decided from a copy of
+it, and under official grading the checks see copies (replies are plain data). So a
+check asks such a question through :func:`paged_kv_lib.grading._common.run_probe` with
+one of these functions: in a notebook it runs right here; under the grader it runs in
+the learner's kernel and only its plain answer (bool, int, str) comes back. Probes take
+and return nothing but the learner's objects, names and plain data, and never raise on
+a learner's mistake: they report it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def returned_value_is_held(obj: Any, method: str, args: Sequence[Any] = ()) -> bool:
+    """Whether ``obj.method(*args)`` hands out a mutable value that ``obj`` itself still holds.
+
+    It calls the method, appends a marker to what came back when that is a list, calls the
+    method again and reports whether the marker shows up in the second answer (it is
+    removed again either way).
+    """
+    first = getattr(obj, method)(*args)
+    if not isinstance(first, list):
+        return False
+    marker = object()
+    first.append(marker)
+    try:
+        second = getattr(obj, method)(*args)
+        return isinstance(second, list) and any(item is marker for item in second)
+    finally:
+        if first and first[-1] is marker:
+            first.pop()
+
+
+def entries_alias(mapping: Any, key_a: Any, key_b: Any) -> bool:
+    """Whether ``mapping[key_a]`` and ``mapping[key_b]`` are one object (two tables sharing one list)."""
+    return mapping[key_a] is mapping[key_b]
