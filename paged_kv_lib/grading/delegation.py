@@ -31,8 +31,10 @@ def forbidden_modules(exercise: str) -> Tuple[str, ...]:
         return ()
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id == "FORBIDDEN" for t in targets) and node.value is not None:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if any(isinstance(t, ast.Name) and t.id == "FORBIDDEN" for t in targets):
             value = ast.literal_eval(node.value)
             if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
                 raise ValueError(f"{path.name}: FORBIDDEN must be a tuple of module names, not {value!r}")
@@ -55,15 +57,16 @@ def exercise_number(name: str) -> str:
     return number
 
 
-def forbidden_line(used: str, module: str, exercise: str) -> str:
-    """The one line a solution gets for using ``used`` (defined in ``module``), forbidden in ``exercise``.
+def forbidden_line(module: str, exercise: str) -> str:
+    """The one line a solution gets for using code defined in ``module``, which ``exercise`` forbids.
 
     The static scan, the in-notebook probe and the grade all print this line, so a learner
-    reads the same reason in JupyterLab and in the grade.
+    reads the same reason in JupyterLab and in the grade. It names the module that defines
+    what was used (where a name was imported from can differ: a package re-exports it).
     """
     number = exercise_number(exercise)
-    return (f"uses {used}: {module} is library code that implements what exercise {number} grades, "
-            "so a solution may not use it (write it yourself; starters of earlier exercises are allowed)")
+    return (f"uses {module}: library code that implements what exercise {number} grades, so a solution "
+            "may not use it (write it yourself; starters of earlier exercises are allowed)")
 
 
 DYNAMIC_WHY = "a solution reaches library code only through plain imports, so the grader can tell what it uses"
@@ -86,9 +89,10 @@ _MAX_ITEMS = 64
 
 def _module_of(value: Any) -> Optional[str]:
     """The module that defines a class, function or module (``None`` for other values)."""
-    if isinstance(value, types.ModuleType):
+    kind = type(value)  # type(), not isinstance: a stand-in's __class__ is never read
+    if issubclass(kind, types.ModuleType):
         return value.__name__
-    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+    if issubclass(kind, (type, types.FunctionType, types.BuiltinFunctionType)):
         module = getattr(value, "__module__", None)
         return module if isinstance(module, str) else None
     return None
@@ -114,16 +118,16 @@ def _code_names(code: types.CodeType) -> Set[str]:
 
 
 class _Probe:
-    """One walk over a check's learner arguments; ``found`` is the first forbidden thing, as (used, module)."""
+    """One walk over a check's learner arguments; ``found`` is the module of the first forbidden thing."""
 
     def __init__(self, forbidden: Tuple[str, ...]) -> None:
         self.forbidden = forbidden
         self.seen: Set[int] = set()
-        self.found: Optional[Tuple[str, str]] = None
+        self.found: Optional[str] = None
 
-    def hit(self, used: str, module: str) -> bool:
+    def hit(self, module: str) -> bool:
         if self.found is None and is_forbidden(module, self.forbidden):
-            self.found = (used, module)
+            self.found = module
         return self.found is not None
 
     def defined(self, value: Any) -> bool:
@@ -131,47 +135,46 @@ class _Probe:
         module = _module_of(value)
         if module is None:
             return False
-        used = module if isinstance(value, types.ModuleType) else f"{module}.{getattr(value, '__qualname__', '?')}"
-        return self.hit(used, module)
+        return self.hit(module)
 
     def visit(self, value: Any, depth: int = 0) -> None:
         if self.found is not None or depth > _MAX_DEPTH or id(value) in self.seen:
             return
         self.seen.add(id(value))
         kind = type(value)
-        if kind.__module__.startswith(_GRADING) and not isinstance(value, (type, types.FunctionType)):
+        if kind.__module__.startswith(_GRADING) and not issubclass(kind, (type, types.FunctionType)):
             return  # the judge's stand-ins for learner objects: never touched (their attributes are remote)
         if self.defined(value):
             return
-        if isinstance(value, types.ModuleType):
+        if issubclass(kind, types.ModuleType):
             return
-        if isinstance(value, type):
+        if issubclass(kind, type):
             self.visit_class(value, depth)
-        elif isinstance(value, types.FunctionType):
+        elif issubclass(kind, types.FunctionType):
             self.visit_function(value, depth)
-        elif isinstance(value, types.MethodType):
+        elif issubclass(kind, types.MethodType):
             self.visit(value.__func__, depth + 1)
             self.visit(value.__self__, depth + 1)
-        elif isinstance(value, (staticmethod, classmethod)):
+        elif issubclass(kind, (staticmethod, classmethod)):
             self.visit(value.__func__, depth + 1)
-        elif isinstance(value, property):
+        elif issubclass(kind, property):
             for part in (value.fget, value.fset, value.fdel):
                 self.visit(part, depth + 1)
-        elif isinstance(value, functools.partial):
+        elif issubclass(kind, functools.partial):
             self.visit(value.func, depth + 1)
             for item in (*value.args, *value.keywords.values()):
                 self.visit(item, depth + 1)
-        elif isinstance(value, (list, tuple, set, frozenset)):
+        elif issubclass(kind, (list, tuple, set, frozenset)):
             for item in list(value)[:_MAX_ITEMS]:
                 self.visit(item, depth + 1)
-        elif isinstance(value, dict):
+        elif issubclass(kind, dict):
             for item in list(value.values())[:_MAX_ITEMS]:
                 self.visit(item, depth + 1)
         elif kind.__module__.split(".")[0] == "triton":
             inner = getattr(value, "fn", None)  # a @triton.jit kernel wraps the learner's Python function
             if isinstance(inner, types.FunctionType):
                 self.visit(inner, depth + 1)
-        elif not isinstance(value, (int, float, complex, str, bytes, bool, type(None))):
+        elif not issubclass(kind, (int, float, complex, str, bytes, bool, type(None))):
             self.visit_instance(value, depth)
 
     def visit_class(self, cls: type, depth: int) -> None:
@@ -192,8 +195,9 @@ class _Probe:
         for name in sorted(names):
             if "." in name and is_forbidden(name, self.forbidden):  # an import inside the body names its module
                 loaded = sys.modules.get(name)
-                taken = sorted(n for n in names if loaded is not None and n in vars(loaded))
-                self.hit(f"{name}.{taken[0]}" if taken else name, name)
+                taken = [vars(loaded)[n] for n in sorted(names) if loaded is not None and n in vars(loaded)]
+                defined = [_module_of(v) for v in taken if _module_of(v)]
+                self.hit(str(defined[0]) if defined and is_forbidden(str(defined[0]), self.forbidden) else name)
         scope = fn.__globals__
         for name in sorted(names):
             if name in scope:
@@ -234,8 +238,8 @@ class _Probe:
                 self.visit(item, depth + 1)
 
 
-def first_forbidden(values: Iterable[Any], forbidden: Tuple[str, ...]) -> Optional[Tuple[str, str]]:
-    """``(used, module)`` for the first thing among ``values`` (and what they reach) defined in ``forbidden``."""
+def first_forbidden(values: Iterable[Any], forbidden: Tuple[str, ...]) -> Optional[str]:
+    """The module of the first thing among ``values`` (and what they reach) defined in ``forbidden``; else None."""
     probe = _Probe(tuple(forbidden))
     for value in values:
         probe.visit(value)
@@ -259,7 +263,7 @@ def guarded(check: Callable[..., Any], exercise: str) -> Callable[..., Any]:
     def checked(*args: Any, **kwargs: Any) -> Any:
         found = first_forbidden((*args, *kwargs.values()), forbidden)
         if found is not None:
-            raise CheckFailure(forbidden_line(found[0], found[1], exercise))
+            raise CheckFailure(forbidden_line(found, exercise))
         return check(*args, **kwargs)
 
     return checked

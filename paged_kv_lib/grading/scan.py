@@ -54,6 +54,50 @@ def origin(module: str, attr: str) -> Tuple[str, bool]:
     return (defined if isinstance(defined, str) else module), False
 
 
+def defining_module(module: str, attr: str) -> str:
+    """Where ``module.attr`` is defined, read from the library's source without importing ``module``.
+
+    Follows ``from .x import attr`` re-exports (a few levels); a submodule is its own answer.
+    Used for modules a solution may not import, which the grader's process need not load either.
+    """
+    for _ in range(4):
+        dotted = f"{module}.{attr}"
+        try:
+            if importlib.util.find_spec(dotted) is not None:
+                return dotted
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError, AttributeError):
+            return module
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            return module
+        try:
+            with open(spec.origin, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read())
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            return module
+        package = module if spec.submodule_search_locations is not None else module.rpartition(".")[0]
+        source = _imported_from(tree, attr, package)
+        if source is None:
+            return module
+        module, attr = source
+    return module
+
+
+def _imported_from(tree: ast.Module, attr: str, package: str) -> Optional[Tuple[str, str]]:
+    """``(module, name)`` a module's top level imports ``attr`` from, or None when it defines it itself."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == attr:
+                    base = package.split(".")
+                    if node.level > 1:
+                        base = base[: len(base) - node.level + 1]
+                    prefix = ".".join(base) if node.level else ""
+                    target = ".".join(p for p in (prefix, node.module or "") if p)
+                    return target, alias.name
+    return None
+
+
 class _Scanner(ast.NodeVisitor):
     """Walks one cell; ``lines`` collects one line per finding, in source order, without repeats."""
 
@@ -69,7 +113,7 @@ class _Scanner(ast.NodeVisitor):
 
     def forbid(self, used: str, module: str) -> bool:
         if is_forbidden(module, self.forbidden):
-            self.report(forbidden_line(used, module, self.exercise))
+            self.report(forbidden_line(module, self.exercise))
             return True
         return False
 
@@ -91,7 +135,8 @@ class _Scanner(ast.NodeVisitor):
         module = node.module
         if is_forbidden(module, self.forbidden):
             for alias in node.names:
-                self.forbid(module if alias.name == "*" else f"{module}.{alias.name}", module)
+                defined = module if alias.name == "*" else defining_module(module, alias.name)
+                self.forbid(defined, defined if is_forbidden(defined, self.forbidden) else module)
             return
         for alias in node.names:
             if alias.name == "*":
