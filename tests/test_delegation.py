@@ -197,3 +197,10 @@ def test_exercise_numbers(name, number):
 def test_a_name_without_a_number_is_refused():
     with pytest.raises(ValueError, match="names no exercise"):
         delegation.exercise_number("sharing")
+
+
+def test_the_exercise_authors_helper_sees_the_refusal(guarded):
+    from tests.exercises.check_helpers import refused
+
+    learner = cell(DELEGATIONS["aliasing a starter"][0])["MyAllocator"]
+    assert refused(guarded, learner, "paged_kv_lib.conformance.starter").endswith("are allowed)")
