@@ -152,3 +152,19 @@ def test_the_grader_gives_a_reported_task_0_with_the_scan_line(monkeypatch, tmp_
     assert results["90.1"].passed and results["90.2"].passed
     assert not results["90.3"].passed
     assert results["90.3"].failure == delegation.forbidden_line("paged_kv_lib.block", "90")
+
+
+def _provided_cells():
+    for path in generate.solution_paths(ROOT / "exercises" / "solutions"):
+        nb = read_notebook(path)
+        for index, nb_cell in enumerate(nb.cells):
+            found = cell_task(nb_cell)
+            if nb_cell.cell_type == "code" and (found is None or found[1] != "check"):
+                yield pytest.param(path.stem, nb_cell.source, id=f"{path.stem[:2]}-cell{index}")
+
+
+@pytest.mark.parametrize("exercise, source", list(_provided_cells()))
+def test_cells_that_run_in_the_learners_kernel_use_nothing_forbidden(exercise, source):
+    """Setup, provided and demo cells run in the kernel during official grading, where forbidden modules are
+    stubs (interfaces.md item 1): they may import nothing the exercise forbids. Check cells run in the judge."""
+    assert scan.scan_source(source, delegation.forbidden_modules(exercise), exercise) == []
