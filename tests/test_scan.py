@@ -50,6 +50,7 @@ REPORTED = [
     ("from paged_kv_lib.course.starters.after_06 import AllocatorAfter06",
      "uses paged_kv_lib.course.starters.after_06"),
     ("m = __import__('paged_kv_lib.allocator')", "uses paged_kv_lib.allocator"),
+    ("from paged_kv_lib import *\nq = FreeBlockQueue(4)", "uses paged_kv_lib.free_queue"),
     ("import importlib\nm = importlib.import_module('paged_kv_lib.prefix_cache')", "uses paged_kv_lib.prefix_cache"),
     ("import paged_kv_lib\nq = getattr(paged_kv_lib, 'free_queue')", "uses paged_kv_lib.free_queue"),
 ]
@@ -79,6 +80,7 @@ CLEAN = [
     "from paged_kv_lib.course.starters.after_03 import AllocatorAfter03\nclass MyAllocator(AllocatorAfter03):\n    pass",
     "class MyAllocator:\n    def get(self, name):\n        return getattr(self, name)\n    def key(self):\n        return self.free",
     "import re\npattern = re.compile(r'x+')",
+    "from paged_kv_lib import *\nfrom paged_kv_lib.errors import *\nraise OutOfBlocksError(cdiv(3, 2))",
     "%timeit sum(range(10))\nx = 1",
     "def broken(:\n    pass",  # does not parse: the kernel reports it
 ]

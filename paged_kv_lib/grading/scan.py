@@ -106,12 +106,14 @@ class _Scanner(ast.NodeVisitor):
         self.modules: Dict[str, str] = {}  # local name -> the module it is bound to
         self.lines: List[str] = []
         self.imports_done = False  # the second pass skips imports (the first pass read them)
+        self.names_used: set = set()
 
     def report(self, line: str) -> None:
         if line not in self.lines:
             self.lines.append(line)
 
-    def forbid(self, used: str, module: str) -> bool:
+    def forbid(self, module: str) -> bool:
+        """Report using code defined in ``module`` when the exercise forbids it; whether it did."""
         if is_forbidden(module, self.forbidden):
             self.report(forbidden_line(module, self.exercise))
             return True
@@ -125,7 +127,7 @@ class _Scanner(ast.NodeVisitor):
         for alias in node.names:
             parts = alias.name.split(".")
             for depth in range(1, len(parts) + 1):
-                if self.forbid(".".join(parts[:depth]), ".".join(parts[:depth])):
+                if self.forbid(".".join(parts[:depth])):
                     break
             self.modules[alias.asname or parts[0]] = alias.name if alias.asname else parts[0]
 
@@ -136,19 +138,32 @@ class _Scanner(ast.NodeVisitor):
         if is_forbidden(module, self.forbidden):
             for alias in node.names:
                 defined = module if alias.name == "*" else defining_module(module, alias.name)
-                self.forbid(defined, defined if is_forbidden(defined, self.forbidden) else module)
+                self.forbid(defined if is_forbidden(defined, self.forbidden) else module)
             return
         for alias in node.names:
             if alias.name == "*":
+                self.star(module)
                 continue
             defined, is_module = origin(module, alias.name)
-            used = defined if is_module else f"{defined}.{alias.name}"
-            if self.forbid(used, defined):
+            if self.forbid(defined):
                 continue
             if is_module:
                 self.modules[alias.asname or alias.name] = defined
             elif module in ("importlib", "sys") or (module, alias.name) == ("builtins", "__import__"):
                 self.modules[alias.asname or alias.name] = f"{module}.{alias.name}"
+
+    def star(self, module: str) -> None:
+        """``from M import *`` of a library module: the names the cell uses that M would bring in."""
+        if not (module == LIBRARY or module.startswith(LIBRARY + ".")):
+            return
+        try:
+            loaded = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - a module that does not import: the kernel fails on it by itself
+            return
+        offered = getattr(loaded, "__all__", None) or [n for n in vars(loaded) if not n.startswith("_")]
+        for name in sorted(set(offered) & self.names_used):
+            defined, _ = origin(module, name)
+            self.forbid(defined)
 
     # --- names reached through modules -------------------------------------------------
 
@@ -177,7 +192,7 @@ class _Scanner(ast.NodeVisitor):
         return len(self.lines) > before
 
     def _attribute(self, base: str, attr: str) -> None:
-        if self.forbid(f"{base}.{attr}", base):
+        if self.forbid(base):
             return
         if base == "importlib" or base.startswith("importlib."):
             if attr != "import_module":
@@ -190,7 +205,7 @@ class _Scanner(ast.NodeVisitor):
             self.report(dynamic_line(f"{base}.__dict__"))
             return
         defined, is_module = origin(base, attr)
-        self.forbid(defined if is_module else f"{defined}.{attr}", defined)
+        self.forbid(defined)
 
     def visit_Name(self, node: ast.Name) -> None:
         bound = self.modules.get(node.id)
@@ -215,7 +230,7 @@ class _Scanner(ast.NodeVisitor):
             else:
                 parts = text.split(".")
                 for depth in range(1, len(parts) + 1):
-                    if self.forbid(".".join(parts[:depth]), ".".join(parts[:depth])):
+                    if self.forbid(".".join(parts[:depth])):
                         break
         elif name in _CODE_FROM_TEXT and bound is None:
             self.report(dynamic_line(f"{name}()", _WHY_TEXT))
@@ -248,6 +263,7 @@ def scan_source(source: str, forbidden: Sequence[str], exercise: str) -> List[st
     except (SyntaxError, ValueError):
         return []
     scanner = _Scanner(tuple(forbidden), exercise)
+    scanner.names_used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     for node in ast.walk(tree):  # bind every import first: a use may come before its import in the text
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             scanner.visit(node)
