@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import re
 import types
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -61,15 +62,16 @@ def defining_module(module: str, attr: str) -> str:
     Used for modules a solution may not import, which the grader's process need not load either.
     """
     for _ in range(4):
-        dotted = f"{module}.{attr}"
         try:
-            if importlib.util.find_spec(dotted) is not None:
-                return dotted
-            spec = importlib.util.find_spec(module)
+            spec = importlib.util.find_spec(module)  # imports the packages above ``module``, not ``module``
         except (ImportError, ValueError, AttributeError):
             return module
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             return module
+        for folder in spec.submodule_search_locations or ():
+            if os.path.isfile(os.path.join(folder, f"{attr}.py")) or os.path.isfile(
+                    os.path.join(folder, attr, "__init__.py")):
+                return f"{module}.{attr}"
         try:
             with open(spec.origin, encoding="utf-8") as handle:
                 tree = ast.parse(handle.read())
