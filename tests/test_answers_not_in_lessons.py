@@ -23,8 +23,14 @@ with any lesson cell contains it (an answer printed in pieces across cells or le
 still caught). The failure message names the lesson cell that covers the most tokens
 and quotes its first lines.
 
-Run it alone: ``.venv/bin/python -m pytest tests/test_answers_not_in_lessons.py -q``; or
-``.venv/bin/python tests/test_answers_not_in_lessons.py`` prints every task's share.
+The same measure runs against the library code importable while a task's exercise is
+graded (every module of ``paged_kv_lib`` except the exercise's ``FORBIDDEN``; issue 22):
+a reference solution that the library already holds is an answer one import away.
+
+Run it alone: ``.venv/bin/python -m pytest tests/test_answers_not_in_lessons.py -q -s``
+(``-s`` shows the five largest library shares); or
+``.venv/bin/python tests/test_answers_not_in_lessons.py`` prints every task's two shares
+(lessons, then library).
 """
 
 from __future__ import annotations
@@ -143,8 +149,8 @@ class LessonIndex:
             _add_grams(self.exact, cell.tokens, exact_run, number)
             _add_grams(self.shape, tuple(shape_of(t) for t in cell.tokens), shape_run, number)
 
-    def match(self, task: str, regions: Sequence[Sequence[Token]]) -> Match:
-        """Which tokens of ``regions`` lie in a run shared with a lesson cell."""
+    def match(self, task: str, regions: Sequence[Sequence[Token]], allowed: set[int] | None = None) -> Match:
+        """Which tokens of ``regions`` lie in a run shared with a lesson cell (one of ``allowed``, when given)."""
         total = covered = 0
         per_cell: dict[int, int] = {}
         for region in regions:
@@ -155,6 +161,8 @@ class LessonIndex:
             ):
                 for start in range(len(seq) - run + 1):
                     found = grams.get(seq[start:start + run])
+                    if found and allowed is not None:
+                        found = found & allowed
                     if found:
                         for i in range(start, start + run):
                             hits[i] |= found
@@ -258,6 +266,93 @@ def test_solution_is_not_printed_in_a_lesson(task: str) -> None:
         )
 
 
+# --- the same gate against the library code a solution may import while its exercise is graded ---
+#
+# Official grading hides from the learner's kernel the modules an exercise forbids
+# (``FORBIDDEN`` in checks_NN.py, read by paged_kv_lib.grading.delegation); everything
+# else in paged_kv_lib is one import away. A reference solution that stands, at 60% or
+# more of its tokens, in that code is an answer the learner can import. Each library
+# module is one "cell" (runs do not cross files); comments and docstrings do not count.
+
+LIBRARY = ROOT / "paged_kv_lib"
+
+
+def library_cells(library: Path = LIBRARY) -> list[LessonCell]:
+    """Every module of the library, tokenized; ``where`` is its dotted module name."""
+    out = []
+    for path in sorted(library.rglob("*.py")):
+        parts = path.relative_to(library.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        source = path.read_text(encoding="utf-8")
+        out.append(LessonCell(module, source, tuple(tokens_of(source))))
+    return out
+
+
+def importable(cells: Sequence[LessonCell], exercise: str) -> set[int]:
+    """The cells (modules) a solution of ``exercise`` may import: all but its forbidden modules."""
+    from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
+
+    forbidden = forbidden_modules(exercise)
+    return {n for n, cell in enumerate(cells) if not is_forbidden(cell.where, forbidden)}
+
+
+_LIBRARY_INDEX: LessonIndex | None = None
+
+
+def _library_index() -> LessonIndex:
+    global _LIBRARY_INDEX
+    if _LIBRARY_INDEX is None:
+        _LIBRARY_INDEX = LessonIndex(library_cells())
+    return _LIBRARY_INDEX
+
+
+def library_match(task: str) -> Match:
+    index = _library_index()
+    return index.match(task, _TASKS[task], importable(index.cells, task[:2]))
+
+
+def describe_library(match: Match) -> str:
+    text = (f"task {match.task}: {match.covered}/{match.total} solution tokens ({match.share:.0%}) lie in runs "
+            "shared with library code importable while its exercise is graded")
+    if match.best_cell is not None:
+        text += (f"; most from {match.best_cell.where} ({match.best_covered} tokens): add it to FORBIDDEN in "
+                 f"checks_{match.task[:2]}.py, or make the task ask for more than that module does")
+    return text
+
+
+def test_print_the_largest_library_shares() -> None:
+    """Not a gate: prints the five largest shares so the margin below 60% is visible (pytest -s)."""
+    matches = sorted((library_match(t) for t in _TASKS), key=lambda m: -m.share)
+    for m in matches[:5]:
+        print(f"{m.task:6} {m.share:4.0%} {m.covered:4}/{m.total:<4} {m.best_cell.where if m.best_cell else '-'}")
+    assert matches
+
+
+@pytest.mark.parametrize("task", sorted(_TASKS))
+def test_solution_is_not_importable_library_code(task: str) -> None:
+    match = library_match(task)
+    assert match.total > 0, f"task {task}: its solution region has no code"
+    if match.share >= MAX_SHARE:
+        pytest.fail(describe_library(match) + f" (the gate fails at {MAX_SHARE:.0%})", pytrace=False)
+
+
+def test_forbidden_modules_do_not_count(monkeypatch) -> None:
+    from paged_kv_lib.grading import delegation
+
+    cells = [LessonCell("paged_kv_lib.allocator", _LESSON_BUILD, tuple(tokens_of(_LESSON_BUILD))),
+             LessonCell("paged_kv_lib.errors", _UNRELATED, tuple(tokens_of(_UNRELATED)))]
+    index = LessonIndex(cells)
+    monkeypatch.setattr(delegation, "forbidden_modules", lambda exercise: ())
+    assert index.match("toy.1", [tokens_of(_RENAMED_COPY)], importable(cells, "06")).share >= MAX_SHARE
+    monkeypatch.setattr(delegation, "forbidden_modules", lambda exercise: ("paged_kv_lib.allocator",))
+    assert index.match("toy.1", [tokens_of(_RENAMED_COPY)], importable(cells, "06")).covered == 0
+
+
+def test_library_modules_are_named_as_imported() -> None:
+    names = {cell.where for cell in library_cells()}
+    assert {"paged_kv_lib", "paged_kv_lib.allocator", "paged_kv_lib.grading.checks_02"} <= names
+
+
 # --- the matcher itself -------------------------------------------------------------
 
 _LESSON_BUILD = '''
@@ -328,7 +423,7 @@ def test_solution_regions_are_read_between_the_markers() -> None:
 if __name__ == "__main__":
     index = _index()
     for task in sorted(_TASKS, key=lambda t: tuple(int(p) for p in t.split("."))):
-        m = index.match(task, _TASKS[task])
-        flag = "FAIL" if m.share >= MAX_SHARE else "ok  "
-        where = m.best_cell.where if m.best_cell else "-"
-        print(f"{flag} {task:6} {m.share:4.0%} {m.covered:4}/{m.total:<4} {where}")
+        for m in (index.match(task, _TASKS[task]), library_match(task)):
+            flag = "FAIL" if m.share >= MAX_SHARE else "ok  "
+            where = m.best_cell.where if m.best_cell else "-"
+            print(f"{flag} {task:6} {m.share:4.0%} {m.covered:4}/{m.total:<4} {where}")

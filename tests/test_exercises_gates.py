@@ -42,7 +42,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "grading"
 
 
 def solution_cell(task: str, body: str = "    return 1", points: Optional[float] = None, name: str = "f"):
-    meta = {"task": task, "role": "solution"}
+    meta = {"task": task, "role": "solution", "kind": "build"}
     if points is not None:
         meta["points"] = points
     source = f"def {name}():\n    ### BEGIN SOLUTION\n{body}\n    ### END SOLUTION"
@@ -154,6 +154,27 @@ def test_validation_names_every_problem():
         assert expected in text, text
 
 
+@pytest.mark.parametrize("kind", [None, "", "Build", "bugfix", 3])
+def test_every_solution_cell_names_its_kind(kind):
+    nb = small_notebook()
+    if kind is None:
+        del nb.cells[4].metadata["paged_kv"]["kind"]
+    else:
+        nb.cells[4].metadata["paged_kv"]["kind"] = kind
+    text = errors_of(nb)
+    assert f"cell 4: solution cell of task 42.2 has kind {kind!r}" in text, text
+    assert "build, debug, design" in text
+    assert "42.1" not in text and "42.3" not in text
+
+
+def test_the_kind_of_each_task_is_read():
+    nb = small_notebook()
+    nb.cells[4].metadata["paged_kv"]["kind"] = "debug"
+    nb.cells[6].metadata["paged_kv"]["kind"] = "design"
+    tasks = validate_solution_notebook(nb, "42_small.ipynb")
+    assert [t.kind for t in tasks] == ["build", "debug", "design"]
+
+
 def test_check_must_follow_its_solution():
     nb = small_notebook()
     nb.cells[2], nb.cells[3] = nb.cells[3], nb.cells[2]
@@ -215,7 +236,7 @@ def test_learner_version_strips_solutions_and_opens_clean():
     assert "return 1" not in cell.source
     assert 'raise NotImplementedError("Task 42.1: replace this line with your code")' in cell.source
     assert cell.outputs == [] and cell.execution_count is None
-    assert cell.metadata["paged_kv"] == {"task": "42.1", "role": "solution", "points": 2}
+    assert cell.metadata["paged_kv"] == {"task": "42.1", "role": "solution", "kind": "build", "points": 2}
     assert cell.metadata["deletable"] is False
     check = learner.cells[3]
     assert check.outputs == [] and check.execution_count is None, "no stored PASSED line before any work"
@@ -281,6 +302,45 @@ def test_generate_refuses_broken_solutions_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "43_bad.ipynb" in err and "PASSED 42.1" in err
     assert not (tmp_path / "exercises" / "42_small.ipynb").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Gate: the course's mix of tasks (issue 22, section 3)
+
+COURSE_EXERCISES = 8
+FIRST_WITH_DEBUG_OR_DESIGN = 3
+MIN_OF_EACH_KIND = 3
+
+
+def course_tasks() -> dict:
+    """``exercise number -> [(task, kind), ...]`` read from every real solution notebook (unvalidated)."""
+    out = {}
+    for path in gen.solution_paths(SOLUTIONS):
+        out[path.name[:2]] = [(t.task, t.kind) for t in find_tasks(read_notebook(path)).values()]
+    return out
+
+
+def test_the_course_mixes_build_debug_and_design_tasks():
+    """Each of the 8 notebooks has at least 3 graded tasks; from exercise 03 on each has a debug or
+    design task; the course has at least 3 of each kind; every solution cell names its kind."""
+    tasks = course_tasks()
+    problems = []
+    if len(tasks) != COURSE_EXERCISES:
+        problems.append(f"{len(tasks)} exercise notebooks, expected {COURSE_EXERCISES}: {sorted(tasks)}")
+    for number, found in sorted(tasks.items()):
+        missing = [task for task, kind in found if kind not in ("build", "debug", "design")]
+        if missing:
+            problems.append(f"exercise {number}: tasks {missing} name no kind (build, debug or design)")
+        if len(found) < 3:
+            problems.append(f"exercise {number}: {len(found)} graded task(s); each notebook has at least 3")
+        if int(number) >= FIRST_WITH_DEBUG_OR_DESIGN and not any(k in ("debug", "design") for _, k in found):
+            problems.append(f"exercise {number}: no debug or design task (kinds: {[k for _, k in found]})")
+    for kind in ("build", "debug", "design"):
+        count = sum(1 for found in tasks.values() for _, k in found if k == kind)
+        print(f"{kind}: {count} task(s)")
+        if count < MIN_OF_EACH_KIND:
+            problems.append(f"the course has {count} {kind} task(s); it needs at least {MIN_OF_EACH_KIND}")
+    assert not problems, "\n".join(problems)
 
 
 # ---------------------------------------------------------------------------------------

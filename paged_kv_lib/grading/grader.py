@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from nbformat import NotebookNode
 
-from . import sandbox
+from . import sandbox, scan
 from ._common import DEFAULT_CELL_TIMEOUT_S
 from .generate import make_learner_version
 from .notebook_tasks import (
@@ -526,6 +526,7 @@ def grade_notebook(
     if isolation:
         report.notes.insert(0, isolation)
     report.tasks = score(roles, tasks, results)
+    report.tasks = scan.zero_reported(report.tasks, scan.delegation_lines(name, {t.task: spliced.cells[t.solution_cell].get("source", "") for t in tasks.values()}))  # noqa: E501 - solutions reaching for forbidden library code earn 0
     other = [
         f"cell {n} (not a task) failed: {entry.get('line', '')}"
         for n, entry in sorted(results.items()) if n not in roles and entry.get("outcome") == "failed"

@@ -1,7 +1,10 @@
 """The exercise notebook conventions, in one place: task metadata, solution markers, validation.
 
 A solution notebook ``exercises/solutions/NN_topic.ipynb`` marks its graded cells with
-cell metadata ``{"paged_kv": {"task": "NN.k", "role": "solution" | "check", "points": 2}}``.
+cell metadata ``{"paged_kv": {"task": "NN.k", "role": "solution" | "check", "points": 2}}``;
+a solution cell also names its kind of task, ``"kind": "build" | "debug" | "design"``
+(from a contract; a provided implementation with planted bugs; an open choice graded
+by a measured threshold).
 A solution cell holds scaffolding plus solution code between ``### BEGIN SOLUTION`` and
 ``### END SOLUTION`` lines; a check cell calls a ``check_*`` function and its stored
 output is the single line ``PASSED NN.k``. The generator, the grader and the CI gates
@@ -30,6 +33,7 @@ BEGIN_MARKER = "### BEGIN SOLUTION"
 END_MARKER = "### END SOLUTION"
 MIN_TASKS = 3
 DEFAULT_POINTS = 1
+KINDS = ("build", "debug", "design")
 
 TASK_ID = re.compile(r"^(\d{2})\.(\d+)$")
 _MARKER_LINE = re.compile(r"^([ \t]*)(### (?:BEGIN|END) SOLUTION)[ \t]*$")
@@ -51,6 +55,7 @@ class Task:
     points: float
     solution_cell: int
     check_cells: Tuple[int, ...]
+    kind: str = ""
 
 
 def not_implemented_line(task: str) -> str:
@@ -136,6 +141,12 @@ def cell_points(cell: NotebookNode) -> float:
     return points if isinstance(points, (int, float)) and not isinstance(points, bool) else DEFAULT_POINTS
 
 
+def cell_kind(cell: NotebookNode) -> str:
+    """The ``kind`` of a solution cell ('' when missing or not a string)."""
+    kind = (cell_meta(cell) or {}).get("kind")
+    return kind if isinstance(kind, str) else ""
+
+
 def pass_line(task: str) -> str:
     """The line a check prints on success."""
     return f"{PASS_PREFIX} {task}"
@@ -167,7 +178,7 @@ def find_tasks(nb: NotebookNode) -> Dict[str, Task]:
         else:
             checks.setdefault(task, []).append(index)
     return {
-        task: Task(task, points, index, tuple(checks.get(task, ())))
+        task: Task(task, points, index, tuple(checks.get(task, ())), cell_kind(nb.cells[index]))
         for task, (index, points) in solutions.items()
     }
 
@@ -219,8 +230,8 @@ def validate_solution_notebook(nb: NotebookNode, name: str) -> List[Task]:
     """Check a solution notebook against the conventions; return its tasks in order.
 
     Raises :class:`ExerciseSpecError` listing every problem found: unknown roles or
-    malformed task ids, duplicate solution cells, a task without a check cell after its
-    solution, unbalanced markers, markers outside solution cells, a check cell without
+    malformed task ids, duplicate solution cells, a solution cell whose ``kind`` is not one of
+    :data:`KINDS`, a task without a check cell after its solution, unbalanced markers, markers outside solution cells, a check cell without
     its stored ``PASSED NN.k`` line, fewer than three tasks.
     """
     problems: List[str] = []
@@ -254,6 +265,10 @@ def validate_solution_notebook(nb: NotebookNode, name: str) -> List[Task]:
             points = meta.get("points", DEFAULT_POINTS)
             if isinstance(points, bool) or not isinstance(points, (int, float)) or points <= 0:
                 problems.append(f"{where}: task {task} has points {points!r}; use a positive number")
+            kind = meta.get("kind")
+            if kind not in KINDS:
+                problems.append(f"{where}: solution cell of task {task} has kind {kind!r}; set its metadata "
+                                f"paged_kv.kind to one of {', '.join(KINDS)}")
             try:
                 regions = marker_regions(source)
             except ExerciseSpecError as exc:

@@ -21,3 +21,15 @@ def fails(check, fn) -> str:
 def not_implemented(*args, **kwargs):
     """What a learner's untouched task does."""
     raise NotImplementedError("Task: replace this line with your code")
+
+
+def refused(check, value, module: str) -> str:
+    """The check, fetched from ``paged_kv_lib.grading``, refuses ``value`` for using ``module`` (the in-notebook
+    probe, with the line the grade gives); returns that line. ``module`` must be in the exercise's FORBIDDEN."""
+    from paged_kv_lib.grading._common import CheckFailure
+
+    with pytest.raises(CheckFailure) as info:
+        check(value)
+    line = str(info.value)
+    assert line.startswith(f"uses {module}: library code that implements what exercise "), line
+    return line
