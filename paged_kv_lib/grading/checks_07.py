@@ -414,6 +414,9 @@ View = List[Tuple[int, int, int]]  # (request_id, tokens_held, tokens_to_go), ol
 # A policy passes when it recomputes at most this share of what newest-first recomputes, summed
 # over the check's workloads (newest-first is the engine's rule; cheaper policies reach about 0.76).
 RECOMPUTE_THRESHOLD = 0.9
+# A check cell's stored output must be its PASSED line alone (notebook_tasks' gate), so on success the
+# figures are not printed; a failure always shows them. Turn on once the gate accepts lines before it.
+PRINT_FIGURES_ON_PASS = False
 
 
 class _PolicyBroke(Exception):
@@ -538,6 +541,7 @@ def check_victim_policy(choose_victim: Callable[[View, int], int]) -> None:
         raise fail(f"your policy on the check's workloads (recomputed tokens)\n{table}",
                    f"at most {RECOMPUTE_THRESHOLD:.0%} of newest-first's {base_total} recomputed tokens",
                    f"{mine_total} ({ratio:.0%})", hint)
-    print(table)
-    print(summary)
+    if PRINT_FIGURES_ON_PASS:
+        print(table)
+        print(summary)
     passed("07.5")

@@ -27,7 +27,6 @@ from ..simulate.reservation import RESERVATIONS, reservation_size
 from ._common import (
     CheckFailure,
     call_learner,
-    expect_equal,
     expect_raises,
     fail,
     is_int,
@@ -412,7 +411,8 @@ def check_allocator_in_simulation(MyAllocator: Any) -> None:
         else:
             hint = "the run differs from the library's: compare your class with the contract call by call"
         raise fail(call + detail, _row(want), _row(got), hint)
-    _paper_figure(MyAllocator)
+    if PRINT_FIGURES_ON_PASS:
+        _paper_figure(MyAllocator)
     passed("08.4")
 
 
@@ -435,6 +435,10 @@ def _paper_figure(MyAllocator: Any) -> None:
 # A block size passes on a workload when its serving rate is at least this share of the best
 # rate any candidate size reaches there (the library's simulator measures both).
 RATE_THRESHOLD = 0.96
+# A check cell's stored output must be its PASSED line alone (notebook_tasks' gate), so on success the
+# figures (08.5's rates, 08.4's paper table) are not printed; a failure always shows 08.5's. Turn on
+# once the gate accepts lines before the PASSED line.
+PRINT_FIGURES_ON_PASS = False
 # Relative decode-kernel speed per block size, as the task states it: small blocks leave the
 # kernel short of work per block-table lookup (the shape of the paper's Fig. 18a; numbers ours).
 KERNEL_SPEED = {1: 0.20, 2: 0.30, 4: 0.45, 8: 0.62, 16: 0.80, 32: 0.93, 64: 1.0, 128: 1.0, 256: 1.0}
@@ -484,6 +488,7 @@ def check_block_size_choice(choose_block_size: Callable[[list[tuple[int, int]], 
                        "too small: the kernel's speed lost costs more than the memory saved" if small else
                        "too large: the slots lost at the end of each request's last block cost more batch "
                        "than the kernel gains")
-    print("serving rate = mean batch x kernel speed, measured by the simulator at each block size")
-    print("\n".join(lines))
+    if PRINT_FIGURES_ON_PASS:
+        print("serving rate = mean batch x kernel speed, measured by the simulator at each block size")
+        print("\n".join(lines))
     passed("08.5")

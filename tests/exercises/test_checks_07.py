@@ -16,6 +16,7 @@ from paged_kv_lib.grading import (
     check_preemption_cost,
     check_victim_policy,
 )
+from paged_kv_lib.grading import checks_07
 from paged_kv_lib.grading.delegation import forbidden_modules
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -325,6 +326,11 @@ def fewest_held(running, asking):
 
 
 def test_victim_policy_that_beats_newest_first_passes(capsys):
+    passes(check_victim_policy, fewest_held, "07.5", capsys)
+
+
+def test_victim_policy_figures_beside_newest_first(capsys, monkeypatch):
+    monkeypatch.setattr(checks_07, "PRINT_FIGURES_ON_PASS", True)
     check_victim_policy(fewest_held)
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "PASSED 07.5"

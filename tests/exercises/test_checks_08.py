@@ -292,15 +292,19 @@ class ReturnsNone(MyAllocator):
         super().append_tokens(seq_id, num_tokens)
 
 
-def test_allocator_in_simulation_correct_prints_the_paper_figure(capsys):
+def test_allocator_in_simulation_correct(capsys):
+    passes(check_allocator_in_simulation, MyAllocator, "08.4", capsys)
+
+
+def test_allocator_in_simulation_prints_the_paper_figure_when_asked(capsys, monkeypatch):
+    monkeypatch.setattr(checks_08, "PRINT_FIGURES_ON_PASS", True)
     check_allocator_in_simulation(MyAllocator)
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "PASSED 08.4"
     assert any(line.startswith("MyAllocator") for line in out) and any("orca-oracle" in line for line in out)
 
 
-def test_allocator_in_simulation_makes_a_modest_number_of_calls(capsys, monkeypatch):
-    monkeypatch.setattr(checks_08, "_paper_figure", lambda cls: None)  # the figure is a big run on purpose
+def test_allocator_in_simulation_makes_a_modest_number_of_calls(capsys):
     calls = []
 
     class Counting(MyAllocator):
@@ -334,6 +338,11 @@ def footprint_model(requests, capacity_tokens, speed):
 
 
 def test_block_size_from_a_footprint_model_passes(capsys):
+    passes(check_block_size_choice, footprint_model, "08.5", capsys)
+
+
+def test_block_size_figures_beside_the_best_measured(capsys, monkeypatch):
+    monkeypatch.setattr(checks_08, "PRINT_FIGURES_ON_PASS", True)
     check_block_size_choice(footprint_model)
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "PASSED 08.5"

@@ -1,4 +1,7 @@
 # expect: block and offset are swapped
+import torch
+
+
 def my_step_slot_mapping(tables, num_computed, num_new, block_size):
     """The slots of every new token of a step, sequence after sequence (int64)."""
     slots = []

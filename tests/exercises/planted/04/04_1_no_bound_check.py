@@ -1,4 +1,7 @@
 # expect: must raise ValueError
+import torch
+
+
 def my_step_slot_mapping(tables, num_computed, num_new, block_size):
     """The slots of every new token of a step; forgets that a table can be too short."""
     slots = []

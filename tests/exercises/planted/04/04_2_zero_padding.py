@@ -1,4 +1,7 @@
 # expect: the padding is 0, a real block id
+import torch
+
+
 def my_step_block_tables(tables, num_computed, num_new, block_size, max_blocks=None):
     """Block tables padded with 0 instead of -1."""
     longest = max((len(t) for t in tables), default=0)

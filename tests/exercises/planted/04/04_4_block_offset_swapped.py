@@ -1,4 +1,7 @@
 # expect: block and offset are swapped
+import torch
+
+
 def my_gather_batch(cache, block_tables, seq_lens):
     """Takes the block from p % block_size and the offset from p // block_size."""
     num_seqs, width = block_tables.shape

@@ -1,4 +1,7 @@
 # expect: the heads sit between the block and the offset
+import torch
+
+
 def my_gather_batch(cache, block_tables, seq_lens):
     """Gathers whole blocks and reshapes them to tokens without moving the heads."""
     num_seqs, width = block_tables.shape

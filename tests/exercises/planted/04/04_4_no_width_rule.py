@@ -1,4 +1,7 @@
 # expect: the width rule
+import torch
+
+
 def my_gather_batch(cache, block_tables, seq_lens):
     """Refuses a -1 entry but never compares the blocks needed with the row's width."""
     num_seqs, width = block_tables.shape

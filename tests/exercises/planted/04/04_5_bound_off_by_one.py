@@ -1,4 +1,7 @@
 # expect: the first one past the table's
+import torch
+
+
 def read_tokens(k_cache, table, positions):
     """Two bugs fixed; the bound still lets the first position past the table through."""
     num_blocks, num_heads, block_size, head_dim = k_cache.shape

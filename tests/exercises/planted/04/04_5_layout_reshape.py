@@ -1,4 +1,7 @@
 # expect: the cache's layout is (block, head, offset, dim)
+import torch
+
+
 def read_tokens(k_cache, table, positions):
     """Two bugs fixed; slots still index a reshape that ignores where the heads sit."""
     num_blocks, num_heads, block_size, head_dim = k_cache.shape

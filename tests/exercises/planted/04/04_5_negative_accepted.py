@@ -1,4 +1,7 @@
 # expect: a negative position was accepted
+import torch
+
+
 def read_tokens(k_cache, table, positions):
     """Two bugs fixed; negative positions still read the table from its end."""
     num_blocks, num_heads, block_size, head_dim = k_cache.shape
