@@ -44,7 +44,6 @@ FORBIDDEN: Tuple[str, ...] = (
     "paged_kv_lib.cache_ops",
     "paged_kv_lib.attention",
     "paged_kv_lib.seed",
-    "paged_kv_lib.course.starters",
 )
 
 
