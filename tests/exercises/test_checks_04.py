@@ -3,6 +3,8 @@ with a message that names the mistake."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from check_helpers import fails, not_implemented, passes
@@ -11,10 +13,43 @@ from paged_kv_lib.grading import (
     check_gather_batch,
     check_step_block_tables,
     check_step_slot_mapping,
+    check_read_tokens,
     check_write_kv_padded,
 )
+from paged_kv_lib.grading.delegation import forbidden_modules
 
-CHECKS = [check_step_slot_mapping, check_step_block_tables, check_write_kv_padded, check_gather_batch]
+CHECKS = [check_step_slot_mapping, check_step_block_tables, check_write_kv_padded, check_gather_batch,
+          check_read_tokens]
+PLANTED = Path(__file__).parent / "planted" / "04"
+# task -> (check, the name the solution cell defines)
+TASKS = {"04.1": (check_step_slot_mapping, "my_step_slot_mapping"),
+         "04.2": (check_step_block_tables, "my_step_block_tables"),
+         "04.3": (check_write_kv_padded, "my_write_kv"),
+         "04.4": (check_gather_batch, "my_gather_batch"),
+         "04.5": (check_read_tokens, "read_tokens")}
+
+
+@pytest.mark.parametrize("path", sorted(PLANTED.glob("04_*.py")), ids=lambda p: p.stem)
+def test_a_planted_mistake_is_named(path):
+    """Each planted wrong solution fails its check with the message its first line promises."""
+    source = path.read_text(encoding="utf-8")
+    expect = source.splitlines()[0].removeprefix("# expect: ")
+    task = f"{path.stem[:2]}.{path.stem.split('_')[1]}"
+    check, name = TASKS[task]
+    namespace = {"torch": torch}
+    exec(compile(source, str(path), "exec"), namespace)
+    assert expect in fails(check, namespace[name])
+
+
+def test_every_task_has_a_planted_mistake():
+    assert {f"04.{p.stem.split('_')[1]}" for p in PLANTED.glob("04_*.py")} == set(TASKS)
+
+
+def test_the_library_that_answers_is_forbidden():
+    forbidden = forbidden_modules("04")
+    for name in ("paged_kv_lib.grading", "paged_kv_lib.cache_ops", "paged_kv_lib.allocator",
+                 "paged_kv_lib.kv_store", "paged_kv_lib.attention"):
+        assert name in forbidden
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -210,4 +245,30 @@ def test_gather_batch_that_reads_padding_silently_fails():
         except (IndexError, RuntimeError):
             return torch.zeros(0)
     message = fails(check_gather_batch, silent)
-    assert "ValueError" in message and "silently reads the last block" in message
+    assert "ValueError" in message and "silently reads the cache's last block" in message
+
+
+# --------------------------------------------------------------------------- 04.5
+def read_tokens(k_cache, table, positions, lower=True, upper_inclusive=False, permute=True):
+    _, heads, bs, dim = k_cache.shape
+    pos = torch.tensor(list(positions), dtype=torch.int64)
+    capacity = len(table) * bs
+    if (lower and bool((pos < 0).any())) or bool((pos > capacity if upper_inclusive else pos >= capacity).any()):
+        raise ValueError("no slot")
+    blocks = torch.tensor(list(table), dtype=torch.int64)[pos // bs]
+    if permute:
+        return k_cache[blocks, :, pos % bs, :]
+    return k_cache.reshape(-1, heads, dim)[blocks * bs + pos % bs]
+
+
+def test_read_tokens_correct(capsys):
+    passes(check_read_tokens, read_tokens, "04.5", capsys)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"lower": False}, "negative position was accepted"),
+    ({"upper_inclusive": True}, "first one past the table"),
+    ({"permute": False}, "layout is (block, head, offset, dim)"),
+])
+def test_read_tokens_names_each_bug(options, words):
+    assert words in fails(check_read_tokens, lambda kc, t, p: read_tokens(kc, t, p, **options))

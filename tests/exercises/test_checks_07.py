@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from check_helpers import fails, not_implemented, passes
@@ -13,7 +14,10 @@ from paged_kv_lib.grading import (
     check_choose_victims,
     check_choose_victims_by_priority,
     check_preemption_cost,
+    check_victim_policy,
 )
+from paged_kv_lib.grading import checks_07
+from paged_kv_lib.grading.delegation import forbidden_modules
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -95,13 +99,39 @@ def pops_the_queue(prompt_blocks, free_blocks, total_blocks, watermark, batch_sl
     return admitted
 
 
-@pytest.mark.parametrize(
-    "wrong",
-    [skips_ahead, no_watermark, strict_inequality, never_takes_the_blocks, floors_the_watermark,
-     ignores_batch_slots, pops_the_queue],
-)
-def test_admit_fcfs_wrong(wrong):
-    fails(check_admit_fcfs, wrong)
+def weighs_before_taking(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    admitted = 0
+    for need in prompt_blocks:
+        if admitted == batch_slots or need > free_blocks or free_blocks < watermark * total_blocks:
+            break
+        free_blocks -= need
+        admitted += 1
+    return admitted
+
+
+def watermark_of_the_free_blocks(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
+    admitted = 0
+    for need in prompt_blocks:
+        if admitted == batch_slots or free_blocks - need < watermark * free_blocks:
+            break
+        free_blocks -= need
+        admitted += 1
+    return admitted
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (skips_ahead, "head-of-line"),
+    (no_watermark, "never applied"),
+    (strict_inequality, "exactly watermark * total_blocks"),
+    (never_takes_the_blocks, "never went down"),
+    (floors_the_watermark, "rounded down"),
+    (ignores_batch_slots, "batch_slots"),
+    (weighs_before_taking, "before this request takes its own"),
+    (watermark_of_the_free_blocks, "fraction of the whole pool"),
+    (pops_the_queue, "do not modify the queue"),
+])
+def test_admit_fcfs_names_each_mistake(wrong, words):
+    assert words in fails(check_admit_fcfs, wrong)
 
 
 # --------------------------------------------------------------------------- 07.2
@@ -288,3 +318,62 @@ def extra_key(prompt_len, num_generated, block_size, mode):
 )
 def test_preemption_cost_wrong(wrong):
     fails(check_preemption_cost, wrong)
+
+
+# --------------------------------------------------------------------------- 07.5
+def fewest_held(running, asking):
+    return min(running, key=lambda r: r[1])[0]
+
+
+def test_victim_policy_that_beats_newest_first_passes(capsys):
+    passes(check_victim_policy, fewest_held, "07.5", capsys)
+
+
+def test_victim_policy_figures_beside_newest_first(capsys, monkeypatch):
+    monkeypatch.setattr(checks_07, "PRINT_FIGURES_ON_PASS", True)
+    check_victim_policy(fewest_held)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "PASSED 07.5"
+    assert "newest-first" in out[-2] and "yours" in out[-2]  # the learner's figure beside the engine's
+
+
+def test_victim_policy_untouched_says_not_written():
+    with pytest.raises(NotImplementedError):
+        check_victim_policy(not_implemented)
+
+
+def test_victim_policy_that_modifies_running_fails():
+    def pops(running, asking):
+        return running.pop()[0]
+    assert "modified the list" in fails(check_victim_policy, pops)
+
+
+def test_victim_policy_threshold_is_measured_not_fixed():
+    """The bar moves with the workloads: a policy just as good as newest-first fails, one better passes."""
+    assert "at most 90%" in fails(check_victim_policy, lambda running, asking: running[-1][0])
+
+
+PLANTED = Path(__file__).parent / "planted" / "07"
+TASKS = {"07.1": (check_admit_fcfs, "admit_fcfs"), "07.2": (check_choose_victims, "choose_victims"),
+         "07.3": (check_choose_victims_by_priority, "choose_victims_by_priority"),
+         "07.4": (check_preemption_cost, "preemption_cost"), "07.5": (check_victim_policy, "choose_victim")}
+
+
+@pytest.mark.parametrize("path", sorted(PLANTED.glob("07_*.py")), ids=lambda p: p.stem)
+def test_a_planted_mistake_is_named(path):
+    source = path.read_text(encoding="utf-8")
+    expect = source.splitlines()[0].removeprefix("# expect: ")
+    check, name = TASKS[f"07.{path.stem.split('_')[1]}"]
+    namespace: dict = {"math": math}
+    exec(compile(source, str(path), "exec"), namespace)
+    assert expect in fails(check, namespace[name])
+
+
+def test_every_task_has_a_planted_mistake():
+    assert {f"07.{p.stem.split('_')[1]}" for p in PLANTED.glob("07_*.py")} == set(TASKS)
+
+
+def test_the_library_that_answers_is_forbidden():
+    forbidden = forbidden_modules("07")
+    for name in ("paged_kv_lib.grading", "paged_kv_lib.engine", "paged_kv_lib.allocator", "paged_kv_lib.simulate"):
+        assert name in forbidden

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from check_helpers import fails, not_implemented, passes
 
@@ -9,12 +11,16 @@ from paged_kv_lib.grading import (
     check_allocator_in_simulation,
     check_memory_parts,
     check_reservation_slots,
+    check_block_size_choice,
     check_time_averaged,
 )
+from paged_kv_lib.grading import checks_08
+from paged_kv_lib.grading.delegation import forbidden_modules
 
 
 @pytest.mark.parametrize(
-    "check", [check_reservation_slots, check_memory_parts, check_time_averaged, check_allocator_in_simulation]
+    "check", [check_reservation_slots, check_memory_parts, check_time_averaged, check_allocator_in_simulation,
+              check_block_size_choice]
 )
 def test_an_untouched_task_raises_not_implemented(check):
     with pytest.raises(NotImplementedError):
@@ -76,13 +82,29 @@ def unknown_returns_none(kind, p, o, m):
     return None
 
 
-@pytest.mark.parametrize(
-    "wrong",
-    [pow2_of_total, pow2_uncapped, pow2_one_too_far, pow2_float, max_is_total, unknown_returns_none,
-     output_zero_accepted],
-)
-def test_reservation_slots_wrong(wrong):
-    fails(check_reservation_slots, wrong)
+def pow2_rounds_down(kind, p, o, m):  # the largest power of two <= o
+    return min(p + (1 << (o.bit_length() - 1)), m) if kind == "orca-pow2" else reservation_slots(kind, p, o, m)
+
+
+def max_plus_prompt(kind, p, o, m):
+    return p + m if kind == "orca-max" else reservation_slots(kind, p, o, m)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (pow2_of_total, "prompt included"),
+    (pow2_uncapped, "the cap is missing"),
+    (pow2_one_too_far, "stays itself"),
+    (pow2_rounds_down, "rounded down"),
+    (pow2_float, "return an int"),
+    (max_is_total, "this is the orca-oracle reservation"),
+    (max_plus_prompt, "max_len in all"),
+    (unknown_returns_none, "unknown kind"),
+    (output_zero_accepted, "output_len=0 is not a request"),
+])
+def test_reservation_slots_names_the_part_that_differs(wrong, words):
+    message = fails(check_reservation_slots, wrong)
+    assert words in message
+    assert "rounded up to a power of two (1 -> 1" not in message  # the recipe is not restated
 
 
 def test_output_length_zero_is_named():
@@ -119,12 +141,17 @@ def test_memory_parts_correct(capsys):
     passes(check_memory_parts, memory_parts, "08.2", capsys)
 
 
-@pytest.mark.parametrize(
-    "variant",
-    ["reserved-to-final", "no-unusable", "max-of-empty", "no-total-condition", "partial-external"],
-)
-def test_memory_parts_wrong(variant):
-    fails(check_memory_parts, lambda *args: memory_parts(*args, variant=variant))
+@pytest.mark.parametrize("variant, words", [
+    ("reserved-to-final", "does not hold yet"),
+    ("no-unusable", "neither held nor free"),
+    ("max-of-empty", "raised"),
+    ("no-total-condition", "more than all free slots together"),
+    ("partial-external", "differ"),
+])
+def test_memory_parts_names_the_part_that_differs(variant, words):
+    message = fails(check_memory_parts, lambda *args: memory_parts(*args, variant=variant))
+    assert words in message
+    assert "min(slots, final_len)" not in message  # the recipe is not restated
 
 
 def test_memory_parts_wants_ints_and_the_five_keys():
@@ -269,6 +296,14 @@ def test_allocator_in_simulation_correct(capsys):
     passes(check_allocator_in_simulation, MyAllocator, "08.4", capsys)
 
 
+def test_allocator_in_simulation_prints_the_paper_figure_when_asked(capsys, monkeypatch):
+    monkeypatch.setattr(checks_08, "PRINT_FIGURES_ON_PASS", True)
+    check_allocator_in_simulation(MyAllocator)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "PASSED 08.4"
+    assert any(line.startswith("MyAllocator") for line in out) and any("orca-oracle" in line for line in out)
+
+
 def test_allocator_in_simulation_makes_a_modest_number_of_calls(capsys):
     calls = []
 
@@ -294,3 +329,57 @@ WRONG_ALLOCATORS = {
 def test_allocator_in_simulation_wrong(cls):
     message = fails(check_allocator_in_simulation, cls)
     assert WRONG_ALLOCATORS[cls] in message
+
+
+# --------------------------------------------------------------------------- 08.5
+def footprint_model(requests, capacity_tokens, speed):
+    footprint = sum(p + o / 2 for p, o in requests) / len(requests)
+    return max(speed, key=lambda size: speed[size] / (footprint + size / 2))
+
+
+def test_block_size_from_a_footprint_model_passes(capsys):
+    passes(check_block_size_choice, footprint_model, "08.5", capsys)
+
+
+def test_block_size_figures_beside_the_best_measured(capsys, monkeypatch):
+    monkeypatch.setattr(checks_08, "PRINT_FIGURES_ON_PASS", True)
+    check_block_size_choice(footprint_model)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "PASSED 08.5"
+    assert all("yours B=" in line and "the best measured B=" in line for line in out[1:-1])
+
+
+@pytest.mark.parametrize("size", sorted(checks_08.KERNEL_SPEED))
+def test_no_single_block_size_passes_every_workload(size):
+    assert "serving at" in fails(check_block_size_choice, lambda requests, capacity, speed: size)
+
+
+def test_a_block_size_the_kernel_does_not_offer_fails():
+    assert "block sizes the kernel offers" in fails(check_block_size_choice, lambda r, c, s: 12)
+
+
+PLANTED = Path(__file__).parent / "planted" / "08"
+TASKS = {"08.1": (check_reservation_slots, "reservation_slots"), "08.2": (check_memory_parts, "memory_parts"),
+         "08.3": (check_time_averaged, "time_averaged"), "08.4": (check_allocator_in_simulation, "MyAllocator"),
+         "08.5": (check_block_size_choice, "choose_block_size")}
+
+
+@pytest.mark.parametrize("path", sorted(PLANTED.glob("08_*.py")), ids=lambda p: p.stem)
+def test_a_planted_mistake_is_named(path):
+    source = path.read_text(encoding="utf-8")
+    expect = source.splitlines()[0].removeprefix("# expect: ")
+    check, name = TASKS[f"08.{path.stem.split('_')[1]}"]
+    namespace: dict = {}
+    exec(compile(source, str(path), "exec"), namespace)
+    assert expect in fails(check, namespace[name])
+
+
+def test_every_task_has_a_planted_mistake():
+    assert {f"08.{p.stem.split('_')[1]}" for p in PLANTED.glob("08_*.py")} == set(TASKS)
+
+
+def test_the_library_that_answers_is_forbidden():
+    forbidden = forbidden_modules("08")
+    for name in ("paged_kv_lib.grading", "paged_kv_lib.allocator", "paged_kv_lib.block_manager",
+                 "paged_kv_lib.simulate.reservation", "paged_kv_lib.conformance"):
+        assert name in forbidden
