@@ -16,7 +16,7 @@ graded task of every exercise must have at least one planted file.
 
 The folder is a parameter: the exercise authors own ``tests/exercises/planted/``;
 ``tests/fixtures/grading/planted_demo/`` holds the gate's own demo (90: the grader's demo
-exercise; 04: today's exercise 04, retired on its own once 04's solution cells change).
+exercise).
 Run: ``.venv/bin/python -m pytest -p no:randomly -p no:nbval -q -s tests/test_planted_through_grader.py``.
 """
 
@@ -222,7 +222,7 @@ def test_planted_wrong_solutions_fail_through_the_grader(number, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# The gate's own demo: the grader's demo exercise, and today's exercise 04
+# The gate's own demo: the grader's demo exercise
 
 
 @pytest.fixture
@@ -243,31 +243,6 @@ def test_the_demo_covers_its_exercise():
 @pytest.mark.timeout(600)
 def test_the_demo_exercise_through_the_grader(demo_checks_importable, tmp_path):
     _gate(DEMO, "90", FIXTURES / "solutions" / "90_demo.ipynb", tmp_path)
-
-
-def _defines(source: str) -> set:
-    from paged_kv_lib.grading.grader import _defined_names
-
-    return _defined_names(source)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_the_demo_for_exercise_04_through_the_grader(tmp_path):
-    solution = solution_of("04")
-    nb = read_notebook(solution)
-    tasks = find_tasks(nb)
-    found, _ = read_planted(DEMO)
-    for planted in found["04"]:
-        cell = tasks.get(planted.task)
-        if cell is None or not _defines(planted.source) <= _defines(nb.cells[cell.solution_cell].source):
-            pytest.skip("exercise 04 was rewritten: the demo's planted files were written for the earlier one")
-    for task in tasks.values():  # until exercise 04 names its kinds (issue 22), the demo's copy does
-        nb.cells[task.solution_cell].metadata["paged_kv"].setdefault("kind", "build")
-    copied = tmp_path / "solutions" / solution.name
-    copied.parent.mkdir()
-    write_notebook(nb, copied)
-    _gate(DEMO, "04", copied, tmp_path / "runs")
 
 
 # ---------------------------------------------------------------------------------------
