@@ -12,7 +12,7 @@ import types
 from pathlib import Path
 
 import nbformat
-import paged_kv_lib
+import paged_kv_lib  # imported before os.path.isdir is stubbed
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,8 +106,6 @@ def test_on_colab_with_the_course_installed_it_enables_widgets_and_opens_the_fol
     calls: list = []
     _fake_colab(monkeypatch, calls, find_spec_result=object())
     exec(setup_cell.setup_cell_source(URL, "exercises"), {})
-    import paged_kv_lib
-
     course = Path(paged_kv_lib.__file__).resolve().parents[1]
     assert calls == [("widgets",), ("chdir", str(course / "exercises"))]
 
