@@ -42,7 +42,7 @@ class _Pictured:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Dict[str, Any]:
         own = getattr(super(), "_repr_mimebundle_", None)
-        bundle = dict(own(**kwargs) or {}) if own is not None else _view_reference(self)  # type: ignore[arg-type]
+        bundle = dict(own(**kwargs) or {}) if own is not None else _view_reference(self)
         bundle["text/html"] = self._picture()
         if self._text is not None:
             bundle["text/plain"] = self._text()
