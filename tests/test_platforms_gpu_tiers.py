@@ -66,3 +66,15 @@ def test_half_precision_is_fp16_where_bf16_is_missing(gpu, bf16, expected):
     gpu((7, 5) if not bf16 else (9, 0), bf16=bf16)
     assert preferred_dtype(CUDA) == expected
     assert preferred_dtype(torch.device("cpu")) == torch.float32
+
+
+@pytest.mark.parametrize("capability, backend", [((7, 5), "torch"), ((9, 0), "triton")])
+def test_doctor_names_the_gpus_tier(gpu, monkeypatch, capability, backend):
+    from paged_kv_lib.cli import doctor_report
+
+    gpu(capability)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    row = dict(doctor_report())["cuda"]
+    assert f"sm_{capability[0]}{capability[1]}" in row and f"attention backend {backend}" in row
+    assert ("need sm_80" in row) == (backend == "torch")
