@@ -73,6 +73,13 @@ def require_cuda() -> Dict[str, str]:
     except ImportError:
         fail("triton is not installed: pip install 'paged-kv[triton]'", 2)
     props = torch.cuda.get_device_properties(0)
+    sys.path.insert(0, str(ROOT))  # the course's library, installed or not
+    from paged_kv_lib.attention import MIN_TRITON_CAPABILITY
+
+    if (props.major, props.minor) < MIN_TRITON_CAPABILITY:
+        fail(f"{torch.cuda.get_device_name(0)} is sm_{props.major}{props.minor}; the Triton kernels this check "
+             "measures need sm_{}{} or newer (below it the library runs attention on torch)".format(
+                 *MIN_TRITON_CAPABILITY), 2)
     return {
         "gpu": torch.cuda.get_device_name(0),
         "capability": f"{props.major}.{props.minor}",
