@@ -2,30 +2,47 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch 2.13 is what CI and this course's machines use; on a CUDA
-# machine `make install TORCH_SPEC=torch` (or a CUDA wheel of your choice) works too.
+# torch 2.13 is what CI and this course's machines use (their pip finds its CPU build). Elsewhere
+# choose the build: TORCH_PIP_ARGS="--index-url URL" with the URL of PyTorch's CPU wheels (from the
+# install selector on PyTorch's site) for the CPU build; on a CUDA machine `make install TORCH_SPEC=torch`
+# replaces a CPU-only torch already in .venv (scripts/ensure_torch.py says what it keeps or replaces).
 TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+# Given on make's command line, TORCH_SPEC is what the user asks for, not the default.
+TORCH_EXPLICIT := $(if $(filter command line,$(origin TORCH_SPEC)),--explicit)
 STAMP := $(VENV)/.installed
+LAB_STAMP := $(VENV)/.installed-lab
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 LAB_ARGS ?=
 # Parallel test workers (pytest-xdist); each notebook stays on one worker.
 JOBS ?= 2
 XDIST := -n $(JOBS) --dist loadfile
 
-.PHONY: install lab lint test test-fast test-notebooks test-browser exercises bench gpu-check clean
+.PHONY: install install-lab torch lab lint test test-fast test-notebooks test-browser exercises bench gpu-check clean
 
+## Everything a course author needs: the learner's extras and the dev tools (tests, lint).
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
-	touch $(STAMP)
+## What a learner needs: the course, JupyterLab and Triton (no test or lint tools).
+install-lab: $(LAB_STAMP)
+
+# Always run (cheap when torch matches): a torch that does not match TORCH_SPEC is replaced.
+torch:
+	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet --upgrade pip; }
+	@$(PY) -c "import packaging" 2>/dev/null || $(PY) -m pip install --quiet packaging
+	$(PY) scripts/ensure_torch.py $(TORCH_EXPLICIT) "$(TORCH_SPEC)" -- $(TORCH_PIP_ARGS)
+
+$(STAMP): pyproject.toml | torch
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) -e ".[dev]"
+	touch $(STAMP) $(LAB_STAMP)
+
+$(LAB_STAMP): pyproject.toml | torch
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) -e ".[lab,triton]"
+	touch $(LAB_STAMP)
 
 ## Open the course in JupyterLab (served from the repository root, so lessons/ and exercises/ both show).
 ## As root (Docker, cloud GPU boxes) it adds --allow-root; with no display it adds --no-browser.
-lab: install
+lab: install-lab
 	@extra=""; \
 	if [ "$$(id -u)" = "0" ]; then extra="$$extra --allow-root"; \
 	  echo "make lab: running as root, so JupyterLab gets --allow-root"; fi; \

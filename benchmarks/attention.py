@@ -13,14 +13,18 @@ V read / time) and, given the device's measured copy bandwidth, the fraction of 
     python benchmarks/attention.py --smoke --json FILE     (tiny cases, Triton interpreter, CPU)
 
 CPU defaults: small sizes, torch backend, one thread. CUDA defaults: large sizes (1 GiB
-of K/V and more per call), Triton backend, bf16, block 16. ``--smoke`` runs the Triton
-kernel under the CPU interpreter on tiny batches and writes the same JSON schema as a GPU
-run; its times say nothing about speed.
+of K/V and more per call), the backend ``"auto"`` picks (Triton from compute capability
+8.0), bf16 (fp16 on a GPU without bf16), block 16. A case that does not fit in the GPU's
+free memory is skipped with a line saying so. ``--smoke`` runs the Triton kernel under the
+CPU interpreter on tiny batches and writes the same JSON schema as a GPU run; its times say
+nothing about speed. ``--record`` (with a CUDA run) also writes the figures to
+``benchmarks/measured/attention_gpu.json``, which lesson 09 shows on machines without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -31,7 +35,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +43,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paged_kv_lib.attention import paged_attention  # noqa: E402
+
+# Where a CUDA run with --record leaves its figures (committed after a GPU run; lesson 09 reads it).
+MEASURED = Path(__file__).resolve().parent / "measured" / "attention_gpu.json"
+# Of the GPU's free memory, what a case may plan to use (the allocator and SDPA workspaces need the rest).
+FREE_MEMORY_SHARE = 0.85
 
 # The fused SDPA kernels; MATH (unfused, materialises the scores) is no baseline.
 FUSED_SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
@@ -113,13 +122,47 @@ def small_cases() -> List[Case]:
     ]
 
 
-def large_cases() -> List[Case]:
+def large_cases(dtype: str = "bfloat16") -> List[Case]:
+    """The GPU batches; the sizes in the notes are K and V together, in a 2-byte dtype."""
     return [
-        Case("equal 64x4096", [4096] * 64, note="1 GiB of K/V"),
-        Case("ragged 128 in [64,8192]", ragged_lengths(128, 64, 8192, seed=0), note="about 1 GiB of K/V, 2 GiB padded"),
-        Case("equal 256x1024", [1024] * 256, note="1 GiB, short contexts"),
-        Case("few long 4x32768", [32768] * 4, note="split-K territory"),
+        Case("equal 64x4096", [4096] * 64, dtype=dtype, note="1 GiB of K/V"),
+        Case("ragged 128 in [64,8192]", ragged_lengths(128, 64, 8192, seed=0), dtype=dtype,
+             note="about 2 GiB of K/V, 4 GiB padded"),
+        Case("equal 256x1024", [1024] * 256, dtype=dtype, note="1 GiB, short contexts"),
+        Case("few long 4x32768", [32768] * 4, dtype=dtype, note="split-K territory"),
     ]
+
+
+def bytes_needed(case: Case) -> int:
+    """What ``build`` allocates for ``case``: the paged cache, the padded contiguous K/V and the
+    per-sequence copies (K and V each). Repeated heads for a backend without GQA come on top,
+    and are checked against the free memory when they are made."""
+    elem = getattr(torch, case.dtype).itemsize
+    row = case.num_kv_heads * case.head_dim * elem  # one token's K (or V) over all K/V heads
+    bs = case.block_size
+    paged = sum(-(-n // bs) for n in case.seq_lens) * bs * row
+    padded = len(case.seq_lens) * -(-max(case.seq_lens) // bs) * bs * row
+    per_seq = sum(case.seq_lens) * row
+    return 2 * (paged + padded + per_seq)
+
+
+def free_bytes(device: torch.device) -> Optional[int]:
+    """CUDA: bytes free on the device now (what torch caches counts as free). None on a CPU."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+def release(device: torch.device) -> None:
+    """Give back what a finished or failed case held, so the next one starts from a clean GPU."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 # ------------------------------------------------------------------------ batches
@@ -248,6 +291,10 @@ def sdpa_candidates(t: dict) -> Dict[str, Callable[[], torch.Tensor]]:
         if group > 1:
             def repeated(backend=backend) -> torch.Tensor:
                 if "k_rep" not in t:
+                    need = 2 * group * t["k"].numel() * t["k"].element_size()
+                    free = free_bytes(t["k"].device)
+                    if free is not None and need > FREE_MEMORY_SHARE * free:
+                        raise RuntimeError(f"not run. Repeating the K/V heads needs {_gib(need)}, {_gib(free)} free")
                     t["k_rep"] = t["k"].repeat_interleave(group, dim=1)
                     t["v_rep"] = t["v"].repeat_interleave(group, dim=1)
                 with sdpa_kernel([backend]):
@@ -295,20 +342,54 @@ def flex_attention_call(t: dict, device: torch.device) -> Callable[[], torch.Ten
 
 
 # ------------------------------------------------------------------------ running
+def _tolerance(case: Case) -> float:
+    return 1e-4 if case.dtype == "float32" else 3e-2
+
+
+def check_case(case: Case, device: torch.device, backend: str) -> float:
+    """Run the paged kernel once on ``case`` and return its largest difference from SDPA run
+    per sequence on the contiguous K/V; raise ``AssertionError`` beyond the dtype's tolerance."""
+    t = build(case, device)
+    got = paged_attention(t["q"], t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], backend=backend)
+    diff = float((got.float() - per_sequence_loop(t).float()).abs().max())
+    t.clear()
+    if not diff <= _tolerance(case):
+        raise AssertionError(f"{case.name}: paged attention differs from SDPA by {diff:.3g}")
+    return diff
+
+
+def run_case_if_fits(case: Case, device: torch.device, backend: str, copy_gbps: Optional[float],
+                     **kwargs: object) -> Union[Result, str]:
+    """``run_case`` when ``case`` fits in the GPU's free memory, else one line saying why it was
+    skipped; running out of memory midway is reported the same way, after freeing what it held."""
+    free = free_bytes(device)
+    need = bytes_needed(case)
+    if free is not None and need > FREE_MEMORY_SHARE * free:
+        return f"{case.name}: skipped, it needs {_gib(need)} of K/V copies and {_gib(free)} is free"
+    try:
+        return run_case(case, device, backend, copy_gbps, **kwargs)  # type: ignore[arg-type]
+    except torch.cuda.OutOfMemoryError:
+        pass  # leave the except block first, so the traceback (and the tensors it holds) is gone
+    release(device)
+    return f"{case.name}: skipped, it ran out of GPU memory ({_gib(free or 0)} was free); its tensors are freed"
+
+
 def run_case(
     case: Case, device: torch.device, backend: str, copy_gbps: Optional[float], budget_s: float = 1.0,
-    with_flex: bool = True,
+    with_flex: bool = True, split_comparison: bool = True,
 ) -> Result:
     """Time the paged kernel and every alternative that runs; check all agree first.
 
     ``budget_s`` bounds each CPU measurement; ``with_flex=False`` leaves FlexAttention out
-    (importing it loads torch's compiler stack, several seconds on a small machine).
+    (importing it loads torch's compiler stack, several seconds on a small machine; compiling
+    it on a GPU takes longer); ``split_comparison=False`` skips timing split-K off and at 8
+    (two more kernel compiles).
     """
     t = build(case, device)
     paged = lambda: paged_attention(  # noqa: E731
         t["q"], t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], backend=backend, check_values=False
     )
-    tol = 1e-4 if case.dtype == "float32" else 3e-2
+    tol = _tolerance(case)
     reference = per_sequence_loop(t).float()
 
     def agrees(out: torch.Tensor) -> bool:
@@ -389,12 +470,18 @@ def run_case(
         paged_gbps=paged_gbps, fraction_of_copy_bw=paged_gbps / copy_gbps if copy_gbps else None,
         memory=memory, skipped=skipped,
     )
-    if device.type == "cuda" and backend == "triton":
+    if device.type == "cuda" and backend == "triton" and split_comparison:
         result.extra.update(_split_comparison(t, device))
     t.clear()  # the timed closures still hold t; free its tensors before the next case
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    release(device)
     return result
+
+
+def measured_figures(path: Path = MEASURED) -> Optional[dict]:
+    """The figures a CUDA run recorded with ``--record`` (None until one has)."""
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
 
 
 def _split_comparison(t: dict, device: torch.device) -> Dict[str, float]:
@@ -473,6 +560,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--tune", action="store_true", help="CUDA: also sweep launch settings and split counts")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads (default 1, steadier)")
+    parser.add_argument("--record", action="store_true", help=f"CUDA: also write the figures to {MEASURED.name}")
     args = parser.parse_args(argv)
 
     if args.smoke:
@@ -487,7 +575,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("error: --device cuda but CUDA is not available", file=sys.stderr)
             return 2
         sizes = args.sizes or ("large" if device.type == "cuda" else "small")
-        cases = large_cases() if sizes == "large" else small_cases()
+        if sizes == "large":
+            from paged_kv_lib.attention import preferred_dtype
+
+            half = preferred_dtype(device) if device.type == "cuda" else torch.bfloat16
+            cases = large_cases(str(half).removeprefix("torch."))
+        else:
+            cases = small_cases()
         backend, budget_s = args.backend, 1.0
         if backend == "auto":
             from paged_kv_lib.attention import resolve_backend
@@ -508,7 +602,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     results = []
     for case in cases:
-        r = run_case(case, device, backend, copy_gbps, budget_s)
+        r = run_case_if_fits(case, device, backend, copy_gbps, budget_s=budget_s)
+        if isinstance(r, str):
+            print(r, flush=True)
+            continue
         results.append(r)
         ratio = f"{r.speed_vs_sdpa:9.2f}x" if r.speed_vs_sdpa else f"{'-':>10}"
         alt = f"{r.speed_vs_best_alternative:8.2f}x" if r.speed_vs_best_alternative else f"{'-':>9}"
@@ -535,15 +632,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             for row in part["rows"][:6]:
                 print("   ", row)
 
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = dict(
-            device=describe(device), torch=torch.__version__, cuda=torch.version.cuda, triton=triton_version,
-            backend=backend, sizes=sizes, copy_gbps=copy_gbps, results=[asdict(r) for r in results], tuning=tuning,
-            cases={c.name: dict(asdict(c), seq_lens=None, num_seqs=len(c.seq_lens)) for c in cases},
-        )
-        args.json.write_text(json.dumps(payload, indent=2))
-        print(f"wrote {args.json}")
+    payload = dict(
+        device=describe(device), torch=torch.__version__, cuda=torch.version.cuda, triton=triton_version,
+        backend=backend, sizes=sizes, copy_gbps=copy_gbps, results=[asdict(r) for r in results], tuning=tuning,
+        cases={c.name: dict(asdict(c), seq_lens=None, num_seqs=len(c.seq_lens)) for c in cases},
+    )
+    targets = [args.json] if args.json else []
+    if args.record:
+        if device.type != "cuda":
+            print("--record: not written, the figures it keeps are a GPU's", file=sys.stderr)
+        else:
+            targets.append(MEASURED)
+    for path in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2))
+        print(f"wrote {path}")
     return 0
 
 

@@ -8,7 +8,8 @@ Runs, each in a subprocess with its share of a seven-minute budget:
    workers with each file kept on one worker, so kernel compiles overlap;
 2. ``benchmarks/attention.py`` on large bf16 batches (block size 16, 1 GiB of K/V and
    more per call), every fused SDPA backend and the ragged alternatives, and a sweep of
-   launch settings and split counts;
+   launch settings and split counts; it also records the figures in
+   ``benchmarks/measured/attention_gpu.json`` (commit it: lesson 09 shows them on a CPU);
 3. ``lessons/09_paged_attention.ipynb`` through nbclient, if the notebook exists.
 
 Everything lands in ``$GPU_CHECK_OUT`` (default ``gpu-check-out/``): each step's output
@@ -72,6 +73,13 @@ def require_cuda() -> Dict[str, str]:
     except ImportError:
         fail("triton is not installed: pip install 'paged-kv[triton]'", 2)
     props = torch.cuda.get_device_properties(0)
+    sys.path.insert(0, str(ROOT))  # the course's library, installed or not
+    from paged_kv_lib.attention import MIN_TRITON_CAPABILITY
+
+    if (props.major, props.minor) < MIN_TRITON_CAPABILITY:
+        fail(f"{torch.cuda.get_device_name(0)} is sm_{props.major}{props.minor}; the Triton kernels this check "
+             "measures need sm_{}{} or newer (below it the library runs attention on torch)".format(
+                 *MIN_TRITON_CAPABILITY), 2)
     return {
         "gpu": torch.cuda.get_device_name(0),
         "capability": f"{props.major}.{props.minor}",
@@ -238,7 +246,7 @@ def main() -> int:
         run_step(
             "benchmark",
             [sys.executable, "benchmarks/attention.py", "--device", "cuda", "--sizes", "large",
-             "--tune", "--json", str(bench_json)],
+             "--tune", "--record", "--json", str(bench_json)],
             out_dir, budget.for_step(STEP_CAPS_S["benchmark"]),
         )
     )

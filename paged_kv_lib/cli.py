@@ -53,7 +53,12 @@ def doctor_report() -> List[tuple]:
         import torch
 
         if torch.cuda.is_available():
-            cuda = f"yes: {torch.cuda.get_device_name(0)}"
+            from .attention.api import auto_backend
+
+            major, minor = torch.cuda.get_device_capability(0)
+            backend, why = auto_backend(torch.device("cuda", 0))
+            cuda = f"yes: {torch.cuda.get_device_name(0)}, sm_{major}{minor}, attention backend {backend}"
+            cuda += f" ({why})" if why else ""
         else:
             cuda = "no (CPU only: kernels run under Triton's interpreter)"
     except Exception as exc:  # noqa: BLE001

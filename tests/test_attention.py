@@ -302,6 +302,7 @@ def test_auto_backend_is_torch_on_cpu():
 
 def test_auto_backend_picks_triton_for_cuda_tensors_when_installed(monkeypatch):
     monkeypatch.setattr(api, "triton_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
     assert resolve_backend("auto", torch.device("cuda")) == "triton"
     monkeypatch.setattr(api, "triton_available", lambda: False)
     assert resolve_backend("auto", torch.device("cuda")) == "torch"

@@ -9,10 +9,13 @@ the lessons and as the oracle both are tested against.
 """
 
 from .api import (
+    MIN_TRITON_CAPABILITY,
     TRITON_HINT,
+    auto_backend,
     check_supported,
     paged_attention,
     paged_attention_extend,
+    preferred_dtype,
     resolve_backend,
     triton_available,
 )
@@ -20,7 +23,9 @@ from .batched import paged_attention_batched, paged_attention_extend_batched
 from .reference import gather_kv, paged_attention_extend_reference, paged_attention_reference
 
 __all__ = [
+    "MIN_TRITON_CAPABILITY",
     "TRITON_HINT",
+    "auto_backend",
     "check_supported",
     "gather_kv",
     "paged_attention",
@@ -29,6 +34,7 @@ __all__ = [
     "paged_attention_extend_batched",
     "paged_attention_extend_reference",
     "paged_attention_reference",
+    "preferred_dtype",
     "resolve_backend",
     "triton_available",
 ]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Optional
+import sys
+from typing import Optional, Tuple
 
 import torch
 
@@ -29,12 +30,50 @@ def _triton_module():
     return triton_kernel
 
 
+# The kernels are tuned and tested for Ampere (sm_80) and newer: on a T4 (sm_75) decode spills
+# registers, and there is no bf16. Below this, "auto" runs the torch backend.
+MIN_TRITON_CAPABILITY = (8, 0)
+_told: set = set()
+
+
+def cuda_capability(device: torch.device) -> Tuple[int, int]:
+    """The CUDA compute capability of ``device`` (a CUDA device), as ``(major, minor)``."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return int(major), int(minor)
+
+
+def auto_backend(device: torch.device) -> Tuple[str, Optional[str]]:
+    """What ``"auto"`` runs on ``device``, and why not Triton when a CUDA device gets torch."""
+    if device.type != "cuda":
+        return "torch", None
+    if not triton_available():
+        return "torch", TRITON_HINT
+    capability = cuda_capability(device)
+    if capability < MIN_TRITON_CAPABILITY:
+        want = "sm_{}{}".format(*MIN_TRITON_CAPABILITY)
+        return "torch", (f"this GPU is sm_{capability[0]}{capability[1]}; the Triton kernels need {want} or newer, "
+                         "so attention runs on the torch backend")
+    return "triton", None
+
+
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """``"auto"`` means Triton for CUDA tensors when Triton is installed, torch otherwise."""
+    """``"auto"`` means Triton for CUDA tensors on compute capability 8.0+ when Triton is
+    installed, torch otherwise; on a CUDA GPU that gets torch, one line (once) says why."""
     backend = _checks.check_backend(backend)
     if backend == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
+        backend, why = auto_backend(device)
+        if why is not None and why not in _told:
+            _told.add(why)
+            print(f"paged_kv_lib.attention: {why}", file=sys.stderr)
     return backend
+
+
+def preferred_dtype(device: torch.device) -> torch.dtype:
+    """The half precision to run attention in on ``device``: bf16 where the GPU has it, fp16 on
+    older GPUs (a T4 has no bf16), fp32 on a CPU (where half precision is slow and no faster)."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
 
 
 def _should_check_values(check_values: Optional[bool], device: torch.device) -> bool:
@@ -82,7 +121,8 @@ def paged_attention(
             length 0 gets an all-zero output row.
         scale: softmax scale, ``1/sqrt(head_dim)`` by default.
         backend: ``"torch"`` (batched torch, ``batched.py``), ``"triton"`` (the kernel; CPU tensors need
-            ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton for CUDA tensors if installed).
+            ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton for CUDA tensors on compute capability
+            8.0+ if installed; see ``auto_backend``).
         num_splits: Triton only: cut each sequence into this many chunks (a power of
             two; split-K). ``None`` chooses by ``choose_num_splits``. Torch ignores it.
         check_values: also check every used block id and length (reads the tensors: a

@@ -16,6 +16,7 @@ import ipywidgets as widgets
 
 from ..allocator import PagedKVCacheAllocator
 from . import snapshot
+from .static import widget_bundle
 from .svg import count
 from .views import AddressTranslationView, BlockTableView, FreeQueueView
 
@@ -328,7 +329,7 @@ class Playground:
     def _repr_mimebundle_(self, **kwargs: Any) -> Dict[str, Any]:
         # The live widget where a widget manager runs (JupyterLab), the static picture where
         # none does (GitHub, nbviewer), and the text summary everywhere else.
-        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
+        bundle = widget_bundle(self.widget, **kwargs)
         bundle["text/html"] = self.to_html()
         bundle["text/plain"] = self.summary()
         return bundle

@@ -18,14 +18,31 @@ import ipywidgets as widgets
 Picture = Callable[[], str]
 
 
+def _view_reference(widget: widgets.Widget) -> Dict[str, Any]:
+    """What ipywidgets 7 (Google Colab ships 7.7) publishes for a widget from ``_ipython_display_``;
+    ipywidgets 8 returns the same from ``_repr_mimebundle_``."""
+    return {"text/plain": repr(widget), "application/vnd.jupyter.widget-view+json":
+            {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}}
+
+
+def widget_bundle(widget: widgets.Widget, **kwargs: Any) -> Dict[str, Any]:
+    """The widget's own notebook output, on ipywidgets 7 or 8."""
+    own = getattr(widget, "_repr_mimebundle_", None)
+    return dict(own(**kwargs) or {}) if own is not None else _view_reference(widget)
+
+
 class _Pictured:
     """Adds ``picture()`` (and optionally ``text()``) to a widget's notebook output."""
 
     _picture: Picture
     _text: Optional[Callable[[], str]]
+    # ipywidgets 7 displays widgets through _ipython_display_, which IPython prefers to the bundle
+    # below; without it IPython asks for _repr_mimebundle_ (ipywidgets 8 has no _ipython_display_).
+    _ipython_display_ = None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Dict[str, Any]:
-        bundle = dict(super()._repr_mimebundle_(**kwargs) or {})  # type: ignore[misc]
+        own = getattr(super(), "_repr_mimebundle_", None)
+        bundle = dict(own(**kwargs) or {}) if own is not None else _view_reference(self)
         bundle["text/html"] = self._picture()
         if self._text is not None:
             bundle["text/plain"] = self._text()
@@ -78,7 +95,8 @@ def interact(function: Callable[..., Any], *, manual: bool = False, **controls: 
     (an empty chart until the first press confuses more than it helps).
     """
     live = widgets.interactive(function, {"manual": manual}, **controls)
-    start = live.kwargs.copy()
+    # From the controls themselves: ipywidgets 7 fills live.kwargs only on the first update.
+    start = {w._kwarg: w.get_interact_value() for w in live.kwargs_widgets}
     first = captured_html(lambda: function(**start))
     if manual:
         # Put the first drawing in the live output too, so the chart is there before any press.
