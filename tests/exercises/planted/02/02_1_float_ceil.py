@@ -1,4 +1,5 @@
 # expect: where a float no longer holds every integer
+# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
 import math
 
 class MyAllocator:

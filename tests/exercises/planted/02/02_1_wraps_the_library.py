@@ -1,4 +1,5 @@
 # expect: paged_kv_lib.allocator
+# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
 from paged_kv_lib.allocator import PagedKVCacheAllocator
 
 

@@ -1,4 +1,5 @@
 # expect: too few blocks is a RuntimeError
+# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
 class MyAllocator:
     def __init__(self, num_blocks, block_size):
         if num_blocks < 1 or block_size < 1:

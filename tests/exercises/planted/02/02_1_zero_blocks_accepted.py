@@ -1,4 +1,5 @@
 # expect: a pool needs at least one block
+# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
 class MyAllocator:
     def __init__(self, num_blocks, block_size):
         self.num_blocks = num_blocks

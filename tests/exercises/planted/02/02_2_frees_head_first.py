@@ -1,4 +1,5 @@
 # expect: the blocks went back in table order
+# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
 class MyAllocator(MyAllocator):
     def append_block_to_sequence(self, seq_id):
         mine = self.tables.get(seq_id)

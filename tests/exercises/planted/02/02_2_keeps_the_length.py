@@ -1,4 +1,5 @@
 # expect: after free_sequence, a.lengths is wrong
+# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
 class MyAllocator(MyAllocator):
     def append_block_to_sequence(self, seq_id):
         mine = self.tables.get(seq_id)

@@ -1,4 +1,5 @@
 # expect: the limit is the token count
+# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
 class MyAllocator(MyAllocator):
     def block_of(self, seq_id, position):
         if seq_id not in self.tables:
