@@ -175,7 +175,8 @@ def _corruptions() -> List[Tuple[str, Callable[[Books], None]]]:
         ("block 9 counts -1 holders", set_count(9, -1)),
         ("block 3 counts 0 holders while two tables hold it, and it waits in the free queue",
          both(set_count(3, 0), lambda b: b["free"].append(3))),
-        ("sequence 3's table lists block 10, outside a pool of 10 blocks", lambda b: b["tables"][3].append(10)),
+        ("sequence 3's table lists block 10, outside a pool of 10 blocks",
+         both(lambda b: b["tables"][3].append(10), lambda b: b["lengths"].__setitem__(3, 9))),
         ("the free queue holds block id 10, outside a pool of 10 blocks", lambda b: b["free"].append(10)),
         ("sequence 3's table lists block -1 (and block 9 counts one holder, out of the queue): a negative id "
          "is no block", both(lambda b: b["tables"][3].append(-1), set_count(9, 1), drop_free(9),
@@ -275,11 +276,60 @@ def _design_state(a: Script, spare: List[int], refs: Dict[int, int], lengths: Di
             raise fail(f"{a.where()}  then a.{name}", want, got, hint)
 
 
+# Short call sequences a reviewer tries first: sharing then freeing, a refusal then a retry, forks onto
+# live ids. The random differential after them explores the rest.
+REVIEW_TRACES: List[Tuple[int, int, List[Op]]] = [
+    (4, 2, [("allocate_for_sequence", 0, 3), ("fork", 0, 1), ("free_sequence", 0), ("allocate_for_sequence", 2, 8),
+            ("free_sequence", 1), ("allocate_for_sequence", 3, 4)]),
+    (2, 2, [("allocate_for_sequence", 0, 9), ("allocate_for_sequence", 0, 2), ("free_sequence", 0)]),
+    (6, 2, [("allocate_for_sequence", 0, 2), ("allocate_for_sequence", 1, 2), ("fork", 0, 1), ("fork", 0, 0),
+            ("free_sequence", 1), ("free_sequence", 0), ("allocate_for_sequence", 2, 12)]),
+]
+
+
+def _outcome(fn: Callable[..., Any], args: Tuple[Any, ...]) -> str:
+    try:
+        fn(*args)
+    except NotImplementedError:
+        raise
+    except RuntimeError:
+        return "a RuntimeError"
+    except ValueError:
+        return "a ValueError"
+    except Exception as exc:  # noqa: BLE001 - reported as what it is
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def _compare_on(cls: Any, num_blocks: int, block_size: int, trace: Sequence[Op]) -> None:
+    """Replay ``trace`` on the learner's class and the library; the first difference in outcome or free count."""
+    ref = _library(num_blocks, block_size)
+    lines = [f"a = Repaired({num_blocks}, {block_size})"]
+    mine = call_learner(cls, (num_blocks, block_size), lines[0], "an allocator")
+    for method, *args in trace:
+        lines.append(f"a.{method}({', '.join(map(repr, args))})")
+        want = _outcome(getattr(ref, method), tuple(args))
+        try:
+            got = _outcome(getattr(mine, method), tuple(args))
+        except NotImplementedError as exc:
+            raise not_written(exc) from None
+        code = "\n    ".join(lines)
+        head = f"Repaired differs from the library's allocator on this call sequence:\n    {code}\n"
+        if got != want:
+            raise fail(head, want, got, "the last line is where: find the code that decides this call")
+        free = getattr(mine, "num_free_blocks", None)
+        if free != ref.num_free_blocks:
+            raise fail(head + "  then a.num_free_blocks", ref.num_free_blocks, free,
+                       "the last line is where: which blocks should be free now?")
+
+
 def check_repaired_03(repaired_allocator: Any) -> None:
     """Task 03.3: the class ``repaired_allocator()`` returns is ShakyAllocator with its three bugs fixed."""
     cls = call_learner(repaired_allocator, (), "repaired_allocator()", "a class")
     if not callable(cls):
         raise fail("repaired_allocator()", "a class", cls, "return the repaired class itself")
+    for num_blocks, block_size, trace in REVIEW_TRACES:
+        _compare_on(cls, num_blocks, block_size, trace)
     run_differential(cls, SHARING_OPS, "03.3", max_examples=80, announce=False)
     # The differential passed; the repair must also keep the design's own books right.
     a = Script(cls, 6, 2, name="Repaired")
