@@ -37,3 +37,16 @@ def returned_value_is_held(obj: Any, method: str, args: Sequence[Any] = ()) -> b
 def entries_alias(mapping: Any, key_a: Any, key_b: Any) -> bool:
     """Whether ``mapping[key_a]`` and ``mapping[key_b]`` are one object (two tables sharing one list)."""
     return mapping[key_a] is mapping[key_b]
+
+
+def attribute_entries_alias(obj: Any, attribute: str, key_a: Any, key_b: Any) -> bool:
+    """Whether ``getattr(obj, attribute)[key_a]`` and ``[key_b]`` are one object (read where ``obj`` lives).
+
+    For a check that holds only a handle to the learner's allocator: ``obj.tables`` fetched into the
+    judge would be a copy, in which the question has no answer.
+    """
+    try:
+        mapping = getattr(obj, attribute)
+        return mapping[key_a] is mapping[key_b]
+    except Exception:  # noqa: BLE001 - a probe reports, it never raises on the learner's state
+        return False
