@@ -29,7 +29,7 @@ RELEASED = ("lessons", "exercises", "paged_kv_lib", "docs", "benchmarks", "scrip
             "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 PRISTINE_DIR = "pristine"
 # Instructor-only files inside released folders, relative to the course folder.
-WITHHELD = ("docs/instructors.md",)
+WITHHELD = ("docs/instructors.md", "docs/class.md")
 STARTERS = Path("paged_kv_lib") / "course" / "starters"
 _SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
