@@ -19,6 +19,8 @@ SUBCOMMAND_MODULES = {
     "generate": "paged_kv_lib.engine.cli",
     "grade": "paged_kv_lib.grading.cli",
     "release": "paged_kv_lib.grading.release",
+    "gradescope": "paged_kv_lib.grading.gradescope",
+    "check": "paged_kv_lib.grading.check_command",
 }
 
 

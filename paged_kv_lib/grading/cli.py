@@ -15,7 +15,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from ._common import DEFAULT_CELL_TIMEOUT_S
 
@@ -69,6 +69,18 @@ def register(subparsers: Any) -> None:
         help="run the learner's code in a bubblewrap sandbox: auto (when available), bwrap (required), none",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (with --batch)")
+    parser.add_argument(
+        "--format", choices=None, default="long", metavar="long|wide|canvas",
+        help="gradebook shape (with --batch): long (a row per task), wide (a row per learner), "
+             "canvas (Canvas's import columns; needs --roster)",
+    )
+    parser.add_argument("--roster", type=Path, metavar="FILE",
+                        help="with --format canvas: CSV with columns learner,name,id,sis_login[,section]")
+    parser.add_argument("--reports", type=Path, metavar="DIR",
+                        help="with --batch: write one full report per learner into DIR")
+    parser.add_argument("--task", metavar="NN.k",
+                        help="grade the whole notebook but exit 0 only when this one task passed "
+                             "(one autograding test per task)")
     parser.set_defaults(func=run)
 
 
@@ -78,6 +90,8 @@ def _input_error(args: argparse.Namespace) -> str:
         return f"--timeout must be a finite number of seconds above 0, not {args.timeout:g}"
     if args.course is not None and not (args.course / "exercises").is_dir():
         return f"--course {args.course}: no exercises/ folder in it"
+    if getattr(args, "task", None) is not None and getattr(args, "batch", None) is not None:
+        return "--task grades one notebook; it cannot be used with --batch"
     if args.pristine is not None and not args.pristine.exists():
         return f"--pristine {args.pristine}: no such file or folder"
     if args.sandbox == "bwrap":
@@ -110,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(report))
     if report.error:
         return 2
+    if args.task is not None:
+        chosen = [t for t in report.tasks if t.task == args.task]
+        if not chosen:
+            known = ", ".join(t.task for t in report.tasks) or "none"
+            print(f"error: --task {args.task}: this notebook has no such task (its tasks: {known})", file=sys.stderr)
+            return 2
+        return 0 if chosen[0].passed else 1
     return 0 if report.ok else 1
 
 
@@ -143,11 +164,14 @@ def _run_batch(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
-    problem = csv_problem(args.csv)
+    from .gradebook import output_problem
+
+    problem = csv_problem(args.csv) or output_problem(args.format, args.roster, args.reports)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    from .batch import find_submissions, grade_batch, summary_table, write_gradebook
+    from . import gradebook
+    from .batch import find_submissions, grade_batch, summary_table
 
     submissions, warnings = find_submissions(args.batch)
     for warning in warnings:
@@ -160,7 +184,11 @@ def _run_batch(args: argparse.Namespace) -> int:
         progress=not args.no_progress, course=args.course, sandbox_mode=args.sandbox,
         hidden=[args.batch, args.csv.parent],
     )
-    rows = write_gradebook(results, args.csv)
+    roster = gradebook.read_roster(args.roster) if args.roster is not None else None
+    rows = gradebook.write(results, args.csv, args.format, roster)
+    if args.reports is not None:
+        written = gradebook.write_reports(results, args.reports)
+        print(f"{len(written)} learner report(s) written to {args.reports}")
     print(summary_table(results))
     isolation = next((n for r in results for n in r.report.notes if n.startswith("grading was not isolated")), "")
     if isolation:
@@ -169,12 +197,12 @@ def _run_batch(args: argparse.Namespace) -> int:
     if tampered:
         print(f"warning: {tampered}", file=sys.stderr)
     learners = len({s.learner for s in submissions})
-    print(f"\n{len(submissions)} notebook(s) of {learners} learner(s); {len(rows)} row(s) written to {args.csv}")
+    print(f"\n{len(submissions)} notebook(s) of {learners} learner(s); {rows} row(s) written to {args.csv} ({args.format})")
     return 0
 
 
-def format_report(report: GradeReport) -> str:
-    """The score table of one submission, then the failure details and notes."""
+def format_report(report: GradeReport, detail_lines: Optional[int] = DETAIL_LINES) -> str:
+    """The score table of one submission, then the failure details (cut at ``detail_lines``; None: whole) and notes."""
     from .batch import fmt_points
 
     lines: List[str] = [f"Grading {report.submission} (exercise {report.exercise})"]
@@ -195,8 +223,8 @@ def format_report(report: GradeReport) -> str:
     details = [t for t in report.tasks if not t.passed and t.detail and t.detail.strip() != t.failure]
     for task in details:
         body = task.detail.strip().splitlines()
-        if len(body) > DETAIL_LINES:
-            body = body[:DETAIL_LINES] + ["..."]
+        if detail_lines is not None and len(body) > detail_lines:
+            body = body[:detail_lines] + ["..."]
         lines.append(f"\n{task.task}:")
         lines.extend(f"  {line}" for line in body)
     if report.notes:

@@ -3,9 +3,13 @@
 The release holds the lessons, the learner versions of the exercises (generated afresh
 from the solutions, so they cannot be stale), a pristine copy of each learner version in
 ``exercises/pristine/`` (what ``paged-kv grade`` compares against in a released course),
-the library, the docs and the files that install it. It leaves out
-``exercises/solutions/`` and ``tests/`` (whose planted-solution tests hold working
-answers), and refuses to finish if any released notebook still holds a solution region.
+the library, the docs and the files that install it, and the class's CI: a workflow that
+runs ``make check`` on every push and GitHub Classroom's autograding (one test per task,
+see :mod:`.classroom`). It leaves out ``exercises/solutions/``, ``tests/`` (whose
+planted-solution tests hold working answers) and the instructors' guide, ships the
+starter classes only of exercises before ``--assignment NN`` (a starter holds the answer
+of its exercise), and refuses to finish if any released notebook still holds a solution
+region.
 The instructor keeps the solutions in their own checkout and grades with
 ``paged-kv grade --course CHECKOUT``.
 """
@@ -16,7 +20,7 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from .notebook_tasks import BEGIN_MARKER, END_MARKER
 
@@ -24,6 +28,9 @@ from .notebook_tasks import BEGIN_MARKER, END_MARKER
 RELEASED = ("lessons", "exercises", "paged_kv_lib", "docs", "benchmarks", "scripts", "README.md", "LICENSE",
             "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 PRISTINE_DIR = "pristine"
+# Instructor-only files inside released folders, relative to the course folder.
+WITHHELD = ("docs/instructors.md", "docs/class.md")
+STARTERS = Path("paged_kv_lib") / "course" / "starters"
 _SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 
@@ -31,16 +38,34 @@ class ReleaseError(RuntimeError):
     """The release cannot be built (one line for the command to print)."""
 
 
-def _ignore(folder: str, names: List[str]) -> List[str]:
-    skip = [n for n in names if n in _SKIP_NAMES or n.endswith((".pyc", ".egg-info"))]
-    if Path(folder).name == "exercises":
-        skip += [n for n in names if n in ("solutions", PRISTINE_DIR)]
-    return skip
+def starter_released(name: str, assignment: Optional[int]) -> bool:
+    """Whether the starter module ``after_NN.py`` ships with a release handing out exercise ``assignment``."""
+    if not (name.startswith("after_") and name.endswith(".py") and name[6:8].isdigit()):
+        return True  # not a starter of one exercise (the package's __init__)
+    return assignment is not None and int(name[6:8]) < assignment
 
 
-def build_release(course: Path, out: Path) -> List[Path]:
+def _ignorer(course: Path, assignment: Optional[int]) -> Callable[[str, List[str]], List[str]]:
+    withheld = {(course / w).resolve() for w in WITHHELD}
+    starters = (course / STARTERS).resolve()
+
+    def ignore(folder: str, names: List[str]) -> List[str]:
+        here = Path(folder).resolve()
+        skip = [n for n in names if n in _SKIP_NAMES or n.endswith((".pyc", ".egg-info"))]
+        skip += [n for n in names if (here / n) in withheld]
+        if here.name == "exercises":
+            skip += [n for n in names if n in ("solutions", PRISTINE_DIR)]
+        if here == starters:
+            skip += [n for n in names if not starter_released(n, assignment)]
+        return skip
+
+    return ignore
+
+
+def build_release(course: Path, out: Path, assignment: Optional[int] = None) -> List[Path]:
     """Write the learner's course from ``course`` into ``out`` (which must not exist or be empty);
-    return the files written."""
+    return the files written. Starters ship only for exercises before ``assignment`` (none without it)."""
+    from .classroom import write_workflows
     from .generate import generate, solution_paths
 
     course = course.resolve()
@@ -56,11 +81,12 @@ def build_release(course: Path, out: Path) -> List[Path]:
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
+    ignore = _ignorer(course, assignment)
     try:
         for name in RELEASED:
             source = course / name
             if source.is_dir():
-                shutil.copytree(source, staging / name, ignore=_ignore)
+                shutil.copytree(source, staging / name, ignore=ignore)
             elif source.is_file():
                 shutil.copy2(source, staging / name)
         exercises = staging / "exercises"
@@ -76,6 +102,7 @@ def build_release(course: Path, out: Path) -> List[Path]:
             raise ReleaseError(f"{leaks[0].relative_to(staging)} still holds a solution region; not released")
         if (staging / "exercises" / "solutions").exists():
             raise ReleaseError("exercises/solutions/ would be released")
+        write_workflows(staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -99,7 +126,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write the release")
     parser.add_argument("--course", type=Path, default=None, metavar="DIR",
                         help="the course checkout to release (default: found above the current folder)")
+    parser.add_argument("--assignment", type=_exercise_number, default=None, metavar="NN",
+                        help="the exercise being handed out: starter classes of the exercises before it ship "
+                             "(default: none ship, since a starter holds its exercise's answer)")
     parser.set_defaults(func=run)
+
+
+def _exercise_number(text: str) -> int:
+    if len(text) < 2 or not text[:2].isdigit() or (len(text) > 2 and text[2] != "_"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an exercise number such as 03 or 03_the_allocator")
+    return int(text[:2])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,13 +145,16 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         course = find_course(None, args.course)
-        files = build_release(course, args.out)
+        files = build_release(course, args.out, getattr(args, "assignment", None))
     except (ReleaseError, InputError, PristineNotFoundError, ExerciseSpecError, OSError) as exc:
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: {line}", file=sys.stderr)
         return 2
     notebooks = sum(1 for f in files if f.suffix == ".ipynb")
-    print(f"released {course} to {args.out}: {len(files)} files, {notebooks} notebooks, no solutions")
+    assignment = getattr(args, "assignment", None)
+    starters = (f"starters of exercises before {assignment:02d}" if assignment is not None
+                else "no starters (pass --assignment NN to ship those of the exercises before NN)")
+    print(f"released {course} to {args.out}: {len(files)} files, {notebooks} notebooks, no solutions, {starters}")
     return 0
 
 

@@ -1,0 +1,296 @@
+"""Gradebooks in the shapes instructors load, and one full report per learner.
+
+``paged-kv grade --batch`` grades a class; this module turns its results into:
+
+- ``long``: one row per learner, notebook and task (:func:`.batch.write_gradebook`);
+- ``wide``: one row per learner, a column per task and per notebook, and the totals;
+- ``canvas``: Canvas's gradebook import (Student, ID, SIS User ID, SIS Login ID, Section,
+  then one column per notebook), with the learners' names and ids from a roster CSV
+  (``learner,name,id,sis_login[,section]``; ``learner`` is the submission folder's name).
+
+``--reports DIR`` writes ``DIR/<learner>.md``: every notebook of that learner with its
+score table and every failure in full (call, expected, got, hint), as the single-notebook
+report shows it. Every file is written whole or not at all, and every cell a learner can
+influence is escaped against spreadsheet formulas.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from .batch import BatchResult, duplicates, escape_cell, first_line, fmt_points, write_gradebook
+
+FORMATS = ("long", "wide", "canvas")
+ROSTER_REQUIRED = ("learner", "name", "id", "sis_login")
+ROSTER_OPTIONAL = ("section",)
+CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
+NOT_IN_ROSTER = "not in the roster"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class GradebookError(ValueError):
+    """A roster, a format or an output path that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class RosterEntry:
+    """One learner of the class as the LMS knows them."""
+
+    learner: str
+    name: str
+    id: str
+    sis_login: str
+    section: str = ""
+
+
+# ---------------------------------------------------------------------------------------
+# Roster
+
+
+def read_roster(path: Union[str, Path]) -> Dict[str, RosterEntry]:
+    """The roster CSV as ``learner -> entry``; a missing or unknown column, a blank or repeated learner is refused."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise GradebookError(f"--roster {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise GradebookError(f"--roster {path}: not UTF-8 text") from None
+    reader = csv.DictReader(io.StringIO(text))
+    columns = [c.strip() for c in (reader.fieldnames or [])]
+    missing = [c for c in ROSTER_REQUIRED if c not in columns]
+    if missing:
+        raise GradebookError(f"--roster {path}: no column {missing[0]!r} (columns must be "
+                             f"{','.join(ROSTER_REQUIRED)}[,section])")
+    unknown = [c for c in columns if c not in ROSTER_REQUIRED + ROSTER_OPTIONAL]
+    if unknown:
+        raise GradebookError(f"--roster {path}: unknown column {unknown[0]!r} (columns must be "
+                             f"{','.join(ROSTER_REQUIRED)}[,section])")
+    roster: Dict[str, RosterEntry] = {}
+    for line, raw in enumerate(reader, start=2):
+        row = {(k or "").strip(): (v or "").strip() for k, v in raw.items() if k is not None}
+        learner = row.get("learner", "")
+        if not learner:
+            raise GradebookError(f"--roster {path}: line {line} has no learner")
+        if learner in roster:
+            raise GradebookError(f"--roster {path}: line {line} repeats learner {learner!r}")
+        roster[learner] = RosterEntry(learner, row["name"], row["id"], row["sis_login"], row.get("section", ""))
+    return roster
+
+
+# ---------------------------------------------------------------------------------------
+# Tables
+
+
+def _task_key(task: str) -> Tuple[int, ...]:
+    return tuple(int(part) if part.isdigit() else 0 for part in task.split("."))
+
+
+def _layout(results: Sequence[BatchResult]) -> Tuple[List[str], Dict[str, List[str]], List[str]]:
+    """The notebooks, each notebook's tasks (sorted) and the learners, in a stable order."""
+    tasks: Dict[str, set] = {}
+    learners: List[str] = []
+    for result in results:
+        notebook = result.report.exercise or result.submission.exercise
+        tasks.setdefault(notebook, set()).update(t.task for t in result.report.tasks)
+        if result.submission.learner not in learners:
+            learners.append(result.submission.learner)
+    notebooks = sorted(tasks)
+    return notebooks, {n: sorted(tasks[n], key=_task_key) for n in notebooks}, sorted(learners)
+
+
+def _by_learner(results: Sequence[BatchResult]) -> Dict[Tuple[str, str], BatchResult]:
+    """(learner, notebook) -> its result; with several submissions, the last one graded counts (and is flagged)."""
+    found: Dict[Tuple[str, str], BatchResult] = {}
+    for result in results:
+        found[(result.submission.learner, result.report.exercise or result.submission.exercise)] = result
+    return found
+
+
+def _flags(results: Sequence[BatchResult], learner: str) -> List[str]:
+    from .batch import TAMPERED
+
+    flags = [f"{n} submissions of {notebook}" for (who, notebook), n in duplicates(results).items() if who == learner]
+    for result in results:
+        if result.submission.learner == learner:
+            flags += [n for n in result.report.notes if n.startswith(TAMPERED)]
+            if result.report.error:
+                flags.append(f"{result.report.exercise or result.submission.exercise}: "
+                             f"{first_line(result.report.error)}")
+    return flags
+
+
+def wide_rows(results: Iterable[BatchResult]) -> Tuple[List[str], List[Dict[str, Any]]]:
+    """Columns and rows of the wide gradebook: learner, each task, each notebook, total, max, flag."""
+    results = list(results)
+    notebooks, tasks, learners = _layout(results)
+    graded = _by_learner(results)
+    columns = ["learner"]
+    for notebook in notebooks:
+        columns += tasks[notebook] + [notebook]
+    columns += ["total", "max", "flag"]
+    rows = []
+    for learner in learners:
+        row: Dict[str, Any] = {c: "" for c in columns}
+        row["learner"] = learner
+        total = maximum = 0.0
+        for notebook in notebooks:
+            result = graded.get((learner, notebook))
+            best = sum(_points_of(notebook, task, results) for task in tasks[notebook])
+            maximum += best
+            if result is None:
+                continue  # no submission: blank cells, not zeros, so an LMS import changes nothing
+            for task in result.report.tasks:
+                row[task.task] = fmt_points(task.earned)
+            row[notebook] = fmt_points(result.report.earned)
+            total += result.report.earned
+        row["total"], row["max"] = fmt_points(total), fmt_points(maximum)
+        row["flag"] = "; ".join(_flags(results, learner))
+        rows.append({k: escape_cell(v) for k, v in row.items()})
+    return columns, rows
+
+
+def _points_of(notebook: str, task: str, results: Sequence[BatchResult]) -> float:
+    for result in results:
+        if (result.report.exercise or result.submission.exercise) == notebook:
+            for t in result.report.tasks:
+                if t.task == task:
+                    return t.points
+    return 0.0
+
+
+def canvas_rows(results: Iterable[BatchResult], roster: Dict[str, RosterEntry]) -> Tuple[List[str], List[Dict[str, Any]]]:
+    """Columns and rows of a Canvas gradebook import: every roster learner, then graded learners the roster lacks."""
+    results = list(results)
+    notebooks, _, learners = _layout(results)
+    graded = _by_learner(results)
+    columns = list(CANVAS_FIXED) + notebooks
+    rows = []
+    everyone = list(roster) + [name for name in learners if name not in roster]
+    for learner in everyone:
+        entry = roster.get(learner)
+        if entry is None:
+            row: Dict[str, Any] = {"Student": f"{learner} ({NOT_IN_ROSTER})", "ID": "", "SIS User ID": "",
+                                   "SIS Login ID": "", "Section": ""}
+        else:
+            row = {"Student": entry.name, "ID": entry.id, "SIS User ID": entry.id,
+                   "SIS Login ID": entry.sis_login, "Section": entry.section}
+        for notebook in notebooks:
+            result = graded.get((learner, notebook))
+            row[notebook] = "" if result is None else fmt_points(result.report.earned)
+        rows.append({k: escape_cell(v) for k, v in row.items()})
+    return columns, rows
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+
+
+def _atomic_csv(path: Path, columns: Sequence[str], rows: Sequence[Dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile("w", newline="", encoding="utf-8", dir=path.parent,
+                                         prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            writer = csv.DictWriter(handle, fieldnames=list(columns))
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def write(results: Iterable[BatchResult], path: Union[str, Path], fmt: str = "long",
+          roster: Optional[Dict[str, RosterEntry]] = None) -> int:
+    """Write the gradebook in format ``fmt`` to ``path`` atomically; return the number of rows."""
+    results = list(results)
+    if fmt not in FORMATS:
+        raise GradebookError(f"--format {fmt!r}: not one of {', '.join(FORMATS)}")
+    if fmt == "long":
+        return len(write_gradebook(results, path))
+    if fmt == "canvas":
+        if roster is None:
+            raise GradebookError("--format canvas needs --roster FILE (columns learner,name,id,sis_login[,section])")
+        columns, rows = canvas_rows(results, roster)
+    else:
+        columns, rows = wide_rows(results)
+    _atomic_csv(Path(path), columns, rows)
+    return len(rows)
+
+
+def report_file_name(learner: str) -> str:
+    """A safe file name for a learner's report (folder names may hold anything)."""
+    stem = _SAFE_NAME.sub("_", learner).strip("._") or "learner"
+    return f"{stem[:80]}.md"
+
+
+def learner_report(learner: str, results: Sequence[BatchResult]) -> str:
+    """One learner's full report: each notebook's table, every failure whole, and the grader's notes."""
+    from .cli import format_report
+
+    mine = [r for r in results if r.submission.learner == learner]
+    mine.sort(key=lambda r: r.report.exercise or r.submission.exercise)
+    earned = sum(r.report.earned for r in mine)
+    points = sum(r.report.points for r in mine)
+    parts = [f"# Grades of {learner}", "", f"total: {fmt_points(earned)}/{fmt_points(points)}", ""]
+    for result in mine:
+        parts += ["```", format_report(result.report, detail_lines=None), "```", ""]
+    return "\n".join(parts)
+
+
+def write_reports(results: Iterable[BatchResult], folder: Union[str, Path]) -> List[Path]:
+    """Write one report per learner into ``folder`` (made whole in a staging folder, then moved in)."""
+    results = list(results)
+    folder = Path(folder)
+    learners = sorted({r.submission.learner for r in results})
+    names: Dict[str, str] = {}
+    for learner in learners:
+        name = report_file_name(learner)
+        while name in names.values():  # two folder names that clean to the same file name
+            name = name[:-3] + "_.md"
+        names[learner] = name
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".reports.", dir=folder))
+    try:
+        for learner, name in names.items():
+            (staging / name).write_text(learner_report(learner, results), encoding="utf-8")
+        written = []
+        for name in names.values():
+            os.replace(staging / name, folder / name)
+            written.append(folder / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return written
+
+
+def output_problem(fmt: str, roster: Optional[Path], reports: Optional[Path]) -> str:
+    """Why these gradebook options cannot be used ('' when they can), checked before anything is graded."""
+    if fmt not in FORMATS:
+        return f"--format {fmt!r}: not one of {', '.join(FORMATS)}"
+    if fmt == "canvas" and roster is None:
+        return "--format canvas needs --roster FILE (columns learner,name,id,sis_login[,section])"
+    if roster is not None and fmt != "canvas":
+        return f"--roster is read only with --format canvas, not --format {fmt}"
+    if roster is not None:
+        try:
+            read_roster(roster)
+        except GradebookError as exc:
+            return str(exc)
+    if reports is not None:
+        if reports.exists() and not reports.is_dir():
+            return f"--reports {reports}: exists and is not a folder"
+        existing = reports
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not os.access(existing, os.W_OK | os.X_OK):
+            return f"--reports {reports}: cannot write in {existing}"
+    return ""

@@ -1,0 +1,115 @@
+"""Gradebooks for LMS imports (wide, Canvas with a roster) and per-learner reports, from graded results."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from paged_kv_lib import cli
+from paged_kv_lib.grading import gradebook
+from paged_kv_lib.grading.batch import BatchResult, Submission
+from paged_kv_lib.grading.grader import GradeReport, TaskResult
+
+
+def result(learner: str, exercise: str, passed: dict, points: dict, detail: str = "", error: str = "") -> BatchResult:
+    tasks = [TaskResult(task, points[task], ok, "" if ok else f"{task} failed: call", "" if ok else detail)
+             for task, ok in passed.items()]
+    path = Path(f"/class/{learner}/{exercise}.ipynb")
+    return BatchResult(Submission(learner, exercise, path), GradeReport(path, exercise, tasks, [], error))
+
+
+POINTS = {"03.1": 2, "03.2": 3, "03.3": 2}
+CLASS = [
+    result("ada", "03_the_allocator", {"03.1": True, "03.2": True, "03.3": False}, POINTS,
+           detail="my_check_pool(pool)\n  expected: AssertionError\n  got:      None\n  hint: a negative id"),
+    result("ada", "02_blocks", {"02.1": True}, {"02.1": 4}),
+    result("=cmd|' /C calc'!A0", "03_the_allocator", {"03.1": False, "03.2": False, "03.3": False}, POINTS),
+    result("bob", "02_blocks", {"02.1": False}, {"02.1": 4}),
+]
+
+
+def read(path: Path):
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_the_wide_gradebook_has_a_row_per_learner_a_column_per_task_and_notebook(tmp_path):
+    out = tmp_path / "wide.csv"
+    assert gradebook.write(CLASS, out, "wide") == 3
+    rows = {r["learner"]: r for r in read(out)}
+    with open(out, encoding="utf-8") as handle:
+        header = handle.readline().strip().split(",")
+    assert header == ["learner", "02.1", "02_blocks", "03.1", "03.2", "03.3", "03_the_allocator", "total", "max", "flag"]
+    assert rows["ada"]["03_the_allocator"] == "5" and rows["ada"]["03.3"] == "0" and rows["ada"]["total"] == "9"
+    assert rows["ada"]["max"] == "11"
+    assert rows["bob"]["03.1"] == "" and rows["bob"]["03_the_allocator"] == "", "no submission is blank, not 0"
+    assert rows["bob"]["total"] == "0"
+    escaped = [r for r in rows if r.startswith("'=")]
+    assert escaped == ["'=cmd|' /C calc'!A0"], "a formula in a learner's folder name is escaped"
+
+
+def roster(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "roster.csv"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_canvas_gradebook_takes_names_and_ids_from_the_roster(tmp_path):
+    path = roster(tmp_path, "learner,name,id,sis_login,section\nada,Ada Lovelace,101,ada@u,A\n"
+                            "bob,Bob Ross,102,bob@u,B\ncyd,Cyd Charisse,103,cyd@u,A\n")
+    out = tmp_path / "canvas.csv"
+    gradebook.write(CLASS, out, "canvas", gradebook.read_roster(path))
+    rows = read(out)
+    with open(out, encoding="utf-8") as handle:
+        header = handle.readline().strip().split(",")
+    assert header == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "02_blocks", "03_the_allocator"]
+    by_name = {r["Student"]: r for r in rows}
+    assert by_name["Ada Lovelace"]["03_the_allocator"] == "5" and by_name["Ada Lovelace"]["SIS Login ID"] == "ada@u"
+    assert by_name["Cyd Charisse"]["02_blocks"] == "", "a learner with no submission gets blank cells"
+    missing = [r for r in rows if gradebook.NOT_IN_ROSTER in r["Student"]]
+    assert len(missing) == 1 and missing[0]["ID"] == "" and missing[0]["Student"].startswith("'=")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("learner,name,id\nada,Ada,1\n", "no column 'sis_login'"),
+    ("learner,name,id,sis_login,email\nada,Ada,1,a,a@u\n", "unknown column 'email'"),
+    ("learner,name,id,sis_login\nada,Ada,1,a\nada,Ada,2,b\n", "line 3 repeats learner 'ada'"),
+    ("learner,name,id,sis_login\n,Ada,1,a\n", "line 2 has no learner"),
+])
+def test_a_bad_roster_is_refused_in_one_line(tmp_path, text, message):
+    with pytest.raises(gradebook.GradebookError, match=message):
+        gradebook.read_roster(roster(tmp_path, text))
+    assert message in gradebook.output_problem("canvas", tmp_path / "roster.csv", None)
+
+
+def test_gradebook_options_are_checked_before_anything_is_graded(tmp_path, capsys, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("graded although the options were wrong")
+
+    monkeypatch.setattr("paged_kv_lib.grading.batch.grade_batch", never)
+    (tmp_path / "class" / "ada").mkdir(parents=True)
+    base = ["grade", "--batch", str(tmp_path / "class"), "--csv", str(tmp_path / "g.csv")]
+    for extra, message in [(["--format", "tall"], "--format 'tall': not one of long, wide, canvas"),
+                           (["--format", "canvas"], "--format canvas needs --roster FILE"),
+                           (["--format", "wide", "--roster", "r.csv"], "--roster is read only with --format canvas")]:
+        assert cli.main(base + extra) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "g.csv").exists()
+
+
+def test_each_learner_gets_a_full_report_with_every_failure_whole(tmp_path):
+    written = gradebook.write_reports(CLASS, tmp_path / "reports")
+    assert sorted(p.name for p in written) == ["ada.md", "bob.md", "cmd_C_calc_A0.md"]
+    ada = (tmp_path / "reports" / "ada.md").read_text(encoding="utf-8")
+    assert "total: 9/11" in ada and "expected: AssertionError" in ada and "hint: a negative id" in ada
+    assert ada.index("02_blocks") < ada.index("03_the_allocator")
+    assert not list((tmp_path / "reports").glob(".reports.*")), "no staging folder is left behind"
+
+
+def test_report_file_names_stay_inside_the_folder_and_do_not_collide(tmp_path):
+    results = [result("../../etc/x", "02_blocks", {"02.1": True}, {"02.1": 4}),
+               result("..__etc__x", "02_blocks", {"02.1": True}, {"02.1": 4})]
+    written = gradebook.write_reports(results, tmp_path / "r")
+    assert len({p.name for p in written}) == 2 and all(p.parent == tmp_path / "r" for p in written)
