@@ -49,6 +49,18 @@ class AllocatorAfter06(AllocatorAfter05):
                 del self.cached[key]
         return taken
 
+    def _key(self, parent: Optional[bytes], token_ids: Sequence[int]) -> bytes:
+        return content_key(parent, token_ids)
+
+    def _lookup(self, keys: List[bytes]) -> List[int]:
+        """Blocks of the longest run of leading keys that are cached (a block after a miss followed another prefix)."""
+        hits: List[int] = []
+        for key in keys:
+            if key not in self.cached:
+                break
+            hits.append(self.cached[key])
+        return hits
+
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, token_ids: Optional[Sequence[int]] = None) -> int:
         """Allocate a prompt, reusing cached leading full blocks when ``token_ids`` are given; returns cached tokens."""
         if token_ids is None:
@@ -60,12 +72,8 @@ class AllocatorAfter06(AllocatorAfter05):
         bs = self.block_size
         keys: List[bytes] = []
         for start in range(0, len(tokens) - bs + 1, bs):
-            keys.append(content_key(keys[-1] if keys else None, tokens[start:start + bs]))
-        hits: List[int] = []
-        for key in keys:
-            if key not in self.cached:
-                break
-            hits.append(self.cached[key])
+            keys.append(self._key(keys[-1] if keys else None, tokens[start:start + bs]))
+        hits = self._lookup(keys)
         new = -(-len(tokens) // bs) - len(hits)
         idle_hits = [b for b in hits if self.ref_counts[b] == 0]
         if new + len(idle_hits) > len(self.free):
