@@ -68,6 +68,15 @@ class _WrongGrowth(AllocatorAfter05):
                     self.tables[seq_id].append(taken[-1])
                 self.lengths[seq_id] += 1
             return taken
+        if self.mistake == "no_length_positions":  # counts new positions that open a block, length left as it was
+            self._new_blocks_for(seq_id, num_tokens)
+            length = self.lengths[seq_id]
+            opening = sum(1 for pos in range(length, length + num_tokens) if pos % self.block_size == 0)
+            if opening > len(self.free):
+                raise RuntimeError("out of blocks")
+            taken = self.take_blocks(opening)
+            self.tables[seq_id].extend(taken)
+            return taken
         if self.mistake == "seed_rule":
             length = self.lengths.get(seq_id, 0)
             missing = sum((length + i + 1) % self.block_size == 0 for i in range(num_tokens))
@@ -94,11 +103,13 @@ def _wrong(mistake: str) -> Callable[[int, int], Any]:
     return type(f"_{mistake}", (_WrongGrowth,), {"mistake": mistake})
 
 
+_NO_LENGTH = ("the sequence's length did not grow: after append_tokens(seq_id, k) the sequence holds k more "
+              "tokens, and the next call starts from there")
 GROWTH_MISTAKES: List[Mistake] = [
     (_wrong("whole_table"), "append_tokens returned the whole block table: it returns only the ids this call "
      "newly took (an empty list when none)"),
-    (_wrong("no_length"), "the sequence's length did not grow: after append_tokens(seq_id, k) the sequence "
-     "holds k more tokens, and the next call starts from there"),
+    (_wrong("no_length"), _NO_LENGTH),
+    (_wrong("no_length_positions"), _NO_LENGTH),
     (_wrong("no_ref_count"), "a block that append_tokens took has no holder on record, so freeing the "
      "sequence did not send it back to the free queue: a block a table holds counts that table"),
     (_wrong("not_atomic"), "append_tokens raised after taking some blocks (or counting some tokens): when the "
