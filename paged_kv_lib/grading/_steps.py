@@ -31,7 +31,7 @@ def _text(call: Call) -> str:
 
 def _answers(obj: Any, seq_ids: Sequence[int], result: Any) -> Tuple[Any, ...]:
     """What a check looks at after a call: the mappings of ``seq_ids``, the free count, the result."""
-    maps = []
+    maps: List[Optional[List[int]]] = []
     for seq_id in seq_ids:
         try:
             maps.append(list(obj.get_block_mapping(seq_id)))
@@ -93,12 +93,12 @@ class Steps:
             if got != want:
                 raise fail(call, want, got, self.named_mistake(result, hint or _SAME_IDS, raised=raised))
         call = self.program("a.num_free_blocks")
-        want = self.ref.num_free_blocks
-        free = call_learner(lambda: self.mine.num_free_blocks, (), call, want)
+        want_free = self.ref.num_free_blocks
+        free = call_learner(lambda: self.mine.num_free_blocks, (), call, want_free)
         if not is_int(free):
-            raise fail(call, want, free, "num_free_blocks must be an int: an attribute, or a method decorated with @property")
-        if free != want:
-            raise fail(call, want, free, self.named_mistake(result, hint or "count every block no sequence holds",
+            raise fail(call, want_free, free, "num_free_blocks must be an int: an attribute, or a method decorated with @property")
+        if free != want_free:
+            raise fail(call, want_free, free, self.named_mistake(result, hint or "count every block no sequence holds",
                                                             raised=raised))
 
     def step(self, method: str, *args: Any, hint: str = "", **kwargs: Any) -> Any:
@@ -122,11 +122,11 @@ class Steps:
         elif method not in _RESULTS or (method == "allocate_for_sequence" and "token_ids" not in kwargs):
             want = None
         shown = want if method in _RESULTS else "None"
-        got = call_learner(fn, args, call, shown, **kwargs)
+        got: Any = call_learner(fn, args, call, shown, **kwargs)
         self.compare(hint, got)
         if method in _RESULTS and (method != "allocate_for_sequence" or "token_ids" in kwargs):
-            kind = _RESULTS[method]
-            if type(got) is not kind or (kind is list and not all(is_int(b) for b in got)):
+            result_type = _RESULTS[method]
+            if type(got) is not result_type or (result_type is list and not all(is_int(b) for b in got)):
                 raise fail(call, want, got, _RESULT_HINT[method])
             if got != want:
                 raise fail(call, want, got, self.named_mistake(got, hint or _RESULT_HINT[method]))

@@ -87,10 +87,10 @@ class _WrongGrowth(AllocatorAfter05):
             self.tables[seq_id].extend(taken)
             self.lengths[seq_id] += num_tokens
             return taken
-        length = self.lengths.get(seq_id)
+        before = self.lengths.get(seq_id, 0)
         taken = super().append_tokens(seq_id, num_tokens)
         if self.mistake == "no_length":
-            self.lengths[seq_id] = length  # type: ignore[assignment]
+            self.lengths[seq_id] = before
         elif self.mistake == "no_ref_count":
             for block_id in taken:
                 self.ref_counts[block_id] = 0

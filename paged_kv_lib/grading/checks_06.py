@@ -308,10 +308,12 @@ class _WrongCache(AllocatorAfter06):
                     del self.cached[self.key_of.pop(block_id)]
         super().free_sequence(seq_id)
 
-    def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, token_ids: Optional[Sequence[int]] = None) -> int:
+    def allocate_for_sequence(  # type: ignore[override]
+        self, seq_id: int, num_prompt_tokens: int, token_ids: Optional[Sequence[int]] = None
+    ) -> int:
         if self.mistake == "hit_in_queue" and token_ids is not None:
             saved = self.free
-            self.free = _NoRemove(saved)
+            self.free = _NoRemove(saved)  # type: ignore[assignment]
             try:
                 return self._counted(super().allocate_for_sequence(seq_id, num_prompt_tokens, token_ids))
             finally:

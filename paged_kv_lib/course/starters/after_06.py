@@ -61,7 +61,9 @@ class AllocatorAfter06(AllocatorAfter05):
             hits.append(self.cached[key])
         return hits
 
-    def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, token_ids: Optional[Sequence[int]] = None) -> int:
+    def allocate_for_sequence(  # type: ignore[override]  # exercise 06's contract: returns the tokens found cached
+        self, seq_id: int, num_prompt_tokens: int, token_ids: Optional[Sequence[int]] = None
+    ) -> int:
         """Allocate a prompt, reusing cached leading full blocks when ``token_ids`` are given; returns cached tokens."""
         if token_ids is None:
             super().allocate_for_sequence(seq_id, num_prompt_tokens)

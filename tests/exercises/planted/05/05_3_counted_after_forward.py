@@ -1,4 +1,5 @@
 # expect: cannot be its newest
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
 @torch.no_grad()
 def paged_generate(model, allocator, seq_id, prompt_ids, max_new_tokens, chunk_size):
     """Greedy decoding of one sequence whose prompt is prefilled in chunks; returns the new token ids."""

@@ -1,4 +1,5 @@
 # expect: uses paged_kv_lib.allocator
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
 from paged_kv_lib.allocator import PagedKVCacheAllocator
 
 

@@ -1,4 +1,5 @@
 # expect: no copy-on-write
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
 from paged_kv_lib.course.starters.after_05 import AllocatorAfter05  # or your own class from exercise 05
 
 

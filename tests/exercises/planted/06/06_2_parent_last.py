@@ -1,4 +1,5 @@
 # expect: the order of the parts
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
 def salted_block_key(parent_key, token_ids, extra_key=None):
     """SHA-256 over the salt, the tokens, then the parent key."""
     message = bytearray()

@@ -1,4 +1,5 @@
 # expect: a hit rate of at least
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
 def eviction_order(candidates):
     """Cached free blocks in the order to evict them, first to go first."""
     # Blocks used once are likely one-off content: they go first, oldest first. Among those reused, the least

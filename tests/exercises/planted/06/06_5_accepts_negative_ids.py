@@ -1,4 +1,5 @@
 # expect: is not a block id
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
 def remove_from_free_queue(prev, next_, block_id):
     """Unlink `block_id` from the doubly linked free queue held in `prev` / `next_`, in O(1)."""
     sentinel = len(next_) - 1

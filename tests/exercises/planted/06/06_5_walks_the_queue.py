@@ -1,4 +1,5 @@
 # expect: your removal walks the queue
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
 def remove_from_free_queue(prev, next_, block_id):
     """Unlink `block_id`, finding it by walking from the head."""
     sentinel = len(next_) - 1
