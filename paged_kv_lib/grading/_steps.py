@@ -126,7 +126,10 @@ class Steps:
         self.compare(hint, got)
         if method in _RESULTS and (method != "allocate_for_sequence" or "token_ids" in kwargs):
             result_type = _RESULTS[method]
-            if type(got) is not result_type or (result_type is list and not all(is_int(b) for b in got)):
+            wrong_type = type(got) is not result_type
+            if isinstance(got, list) and not wrong_type:
+                wrong_type = not all(is_int(b) for b in got)
+            if wrong_type:
                 raise fail(call, want, got, _RESULT_HINT[method])
             if got != want:
                 raise fail(call, want, got, self.named_mistake(got, hint or _RESULT_HINT[method]))
