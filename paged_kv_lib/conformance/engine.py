@@ -15,11 +15,14 @@ decides every block id; this class keeps what the learner's does not:
 After every call that changes the learner's object, its answers are checked against the
 contract (table lengths, block ids in range, fresh blocks not held elsewhere, the free
 count), so a bookkeeping bug stops the engine with a message naming the call, not with
-wrong text many steps later. Prefix caching is off: nothing is found by content.
+wrong text many steps later. Prefix caching is off unless asked for (``prefix_caching=True``,
+for a learner's class whose ``allocate_for_sequence`` takes ``token_ids`` and returns how many
+prompt tokens it found cached, exercise 06); the library never finds anything by content itself.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -28,7 +31,7 @@ import torch
 from .._validate import as_count, as_fraction, as_seq_id
 from ..cache_ops import copy_blocks, gather_tokens, slots_from_positions, transfer_blocks
 from ..engine import Engine
-from ..errors import OutOfBlocksError, PositionError, SequenceStateError, UnknownSequenceError
+from ..errors import InvalidArgumentError, OutOfBlocksError, PositionError, SequenceStateError, UnknownSequenceError
 from ..model import TinyTransformer
 
 __all__ = ["AllocatorContractError", "LearnerBackedAllocator", "engine_for"]
@@ -50,6 +53,8 @@ class LearnerBackedAllocator:
         block_size: token slots per block; read from ``inner.block_size`` when omitted.
         num_cpu_blocks: size of the CPU swap pool, in blocks (0: swap preemption falls back to
             recompute).
+        prefix_caching: pass each prompt's ``token_ids`` to the learner's ``allocate_for_sequence``
+            and trust the cached-token count it returns (the engine then skips computing those).
     """
 
     enable_prefix_caching = False
@@ -62,8 +67,10 @@ class LearnerBackedAllocator:
         num_blocks: Optional[int] = None,
         block_size: Optional[int] = None,
         num_cpu_blocks: int = 0,
+        prefix_caching: bool = False,
     ) -> None:
         self.inner = inner
+        self.prefix_caching = bool(prefix_caching)
         self.num_blocks = as_count(_attribute(inner, "num_blocks", num_blocks), "num_blocks", minimum=1)
         self.block_size = as_count(_attribute(inner, "block_size", block_size), "block_size", minimum=1)
         self.num_cpu_blocks = as_count(num_cpu_blocks, "num_cpu_blocks")
@@ -194,22 +201,37 @@ class LearnerBackedAllocator:
 
     # ------------------------------------------------------- bookkeeping, by the learner
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: Any = None, extra_key: Any = None) -> int:
-        """Allocate through the learner's object; returns 0 (nothing is ever found cached)."""
+        """Allocate through the learner's object; returns the prompt tokens it found cached (0 without prefix caching)."""
         seq_id = as_seq_id(seq_id)
         n = as_count(num_prompt_tokens, "num_prompt_tokens")
         if seq_id in self._swapped:
             raise SequenceStateError(f"sequence {seq_id} is swapped out")
-        call = f"allocate_for_sequence({seq_id}, {n})"
+        by_content = self.prefix_caching and token_ids is not None
+        found: Any = 0
+        call = f"allocate_for_sequence({seq_id}, {n}" + (", token_ids=<the prompt>)" if by_content else ")")
         try:
-            self.inner.allocate_for_sequence(seq_id, n)
+            if by_content:
+                found = self.inner.allocate_for_sequence(seq_id, n, token_ids=[int(t) for t in token_ids])
+            else:
+                self.inner.allocate_for_sequence(seq_id, n)
         except (ValueError, RuntimeError):
             self._check_unchanged(call)
             raise
         table = self._read_table(seq_id, n, call)
-        self._expect_fresh(table, call)
+        cached = self._cached_count(found, n, call) if by_content else 0
+        self._expect_fresh(table[cached // self.block_size:], call)
         self._install(seq_id, table, n)
         self._check_free_count(call)
-        return 0
+        return cached
+
+    def _cached_count(self, found: Any, num_tokens: int, call: str) -> int:
+        """The learner's count of prompt tokens found cached, checked: whole full blocks of the prompt."""
+        if isinstance(found, bool) or not isinstance(found, int) or not 0 <= found <= num_tokens or found % self.block_size:
+            raise AllocatorContractError(
+                f"{call} returned {found!r}: expected the number of prompt tokens found cached, a multiple of "
+                f"block_size={self.block_size} between 0 and {num_tokens} (whole full blocks only)"
+            )
+        return found
 
     def append_tokens(self, seq_id: int, num_tokens: int = 1, *, token_ids: Any = None) -> Tuple[int, ...]:
         """Grow through the learner's object; copy the K/V of any block its mapping replaced."""
@@ -444,6 +466,16 @@ def _attribute(inner: Any, name: str, given: Optional[int]) -> int:
     return value
 
 
+def _takes_token_ids(allocator: Any) -> bool:
+    """Whether the allocator's ``allocate_for_sequence`` accepts a ``token_ids`` keyword."""
+    method = getattr(allocator, "allocate_for_sequence", None)
+    try:
+        params = inspect.signature(method).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "token_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 def engine_for(model: TinyTransformer, allocator: Any, **engine_options: Any) -> Engine:
     """An :class:`~paged_kv_lib.engine.Engine` whose block bookkeeping is ``allocator``, a learner's object.
 
@@ -452,19 +484,26 @@ def engine_for(model: TinyTransformer, allocator: Any, **engine_options: Any) ->
     ``block_size``, and it is built here). The library keeps the K/V; the learner's object
     decides every block id. Options: ``num_blocks``, ``block_size`` (when the object has no
     such attributes), ``num_cpu_blocks`` (a CPU pool for ``preemption_mode="swap"``), and
-    every :class:`Engine` option. The engine's allocator is ``engine.allocator``.
+    ``enable_prefix_caching=True`` (the object's ``allocate_for_sequence`` takes ``token_ids``
+and returns the prompt tokens it found cached), and every :class:`Engine` option. The
+engine's allocator is ``engine.allocator``.
     """
     num_blocks = engine_options.pop("num_blocks", None)
     block_size = engine_options.pop("block_size", None)
     num_cpu_blocks = engine_options.pop("num_cpu_blocks", 0)
-    if engine_options.pop("enable_prefix_caching", False):
-        raise ValueError("prefix caching is off with a learner's allocator: its contract has no lookup by content")
+    prefix_caching = bool(engine_options.pop("enable_prefix_caching", False))
+    if prefix_caching and not _takes_token_ids(allocator):
+        raise InvalidArgumentError(
+            "prefix caching (enable_prefix_caching=True) needs an allocator whose allocate_for_sequence "
+            "takes token_ids (exercise 06) and returns how many prompt tokens it found cached"
+        )
     if isinstance(allocator, type):
         if num_blocks is None or block_size is None:
             raise TypeError(f"engine_for({allocator.__name__}) builds the allocator: pass num_blocks=... and block_size=...")
         allocator = allocator(num_blocks, block_size)
     backed = LearnerBackedAllocator(
-        allocator, model, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks
+        allocator, model, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
+        prefix_caching=prefix_caching,
     )
     # The engine only calls the allocator interface LearnerBackedAllocator implements.
     return Engine(model, backed, **engine_options)  # type: ignore[arg-type]

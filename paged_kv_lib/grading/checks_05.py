@@ -1,13 +1,16 @@
-"""Checks of exercise 05, growing on demand: blocks for a growth step, your allocator's
-``append_tokens``, and a chunked prefill followed by decoding through the paged cache.
+"""Checks of exercise 05, growing on demand: your allocator's ``append_tokens`` (a debug task on
+growth code written in the seed's style), its ``can_append`` (the scheduler's question), and a
+chunked prefill followed by decoding through the paged cache.
 
 Every expected value is computed here from the library (a fresh ``PagedKVCacheAllocator``,
-``generate_no_cache``, ``engine_for``), never stored, except a few tiny cases small enough
-to verify by hand. Hints name the mistake a wrong answer most likely made.
+``generate_no_cache``, ``engine_for``), never stored. A wrong answer's hint names the known
+mistake that gives exactly the learner's answers (each one a small wrong allocator replayed on
+the same calls), without the recipe.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Callable, List
 
@@ -15,9 +18,32 @@ import torch
 
 from ..allocator import PagedKVCacheAllocator
 from ..cache_ops import gather_tokens
+from ..course.starters.after_05 import AllocatorAfter05
 from ..model import ModelConfig, TinyTransformer
-from ._allocator_steps import NAME, allocator_steps
-from ._common import call_learner, expect_equal, fail, is_int, passed, show
+from ._common import call_learner, expect_equal, expect_raises, fail, is_int, passed, show
+from ._steps import NAME, Mistake, Steps
+
+#: What a solution of exercise 05 may not use (see :mod:`paged_kv_lib.grading.delegation`):
+#: the code that implements growth, and the starters of exercise 05 and later.
+FORBIDDEN = (
+    "paged_kv_lib.grading",
+    "paged_kv_lib.conformance",
+    "paged_kv_lib.conformance.differential",
+    "paged_kv_lib.conformance.engine",
+    "paged_kv_lib.conformance.simulation",
+    "paged_kv_lib.conformance.starter",
+    "paged_kv_lib.allocator",
+    "paged_kv_lib.block_manager",
+    "paged_kv_lib.free_queue",
+    "paged_kv_lib.prefix_cache",
+    "paged_kv_lib.invariants",
+    "paged_kv_lib.seed",
+    "paged_kv_lib.course.starters.after_05",
+    "paged_kv_lib.course.starters.after_06",
+    "paged_kv_lib.course.starters.after_07",
+    "paged_kv_lib.course.starters.after_08",
+    "paged_kv_lib.course.starters.after_09",
+)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -25,121 +51,124 @@ def _ceil(a: int, b: int) -> int:
 
 
 # --------------------------------------------------------------------------- 05.1
-def _blocks_added_by_library(num_tokens: int, num_new: int, block_size: int) -> int:
-    alloc = PagedKVCacheAllocator(num_tokens + num_new + 4, block_size, 1, 1, allocate_cache=False)
-    alloc.allocate_for_sequence(0, num_tokens)
-    return len(alloc.append_tokens(0, num_new))
+class _WrongGrowth(AllocatorAfter05):
+    """Exercise 05's allocator with one known growth mistake switched on (``mistake``)."""
+
+    mistake = ""
+
+    def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
+        if self.mistake == "not_atomic":
+            self._new_blocks_for(seq_id, num_tokens)  # the argument checks
+            taken = []
+            for _ in range(num_tokens):
+                if self.lengths[seq_id] % self.block_size == 0:
+                    if not self.free:
+                        raise RuntimeError("out of blocks")
+                    taken += self.take_blocks(1)
+                    self.tables[seq_id].append(taken[-1])
+                self.lengths[seq_id] += 1
+            return taken
+        if self.mistake == "no_length_positions":  # counts new positions that open a block, length left as it was
+            self._new_blocks_for(seq_id, num_tokens)
+            length = self.lengths[seq_id]
+            opening = sum(1 for pos in range(length, length + num_tokens) if pos % self.block_size == 0)
+            if opening > len(self.free):
+                raise RuntimeError("out of blocks")
+            taken = self.take_blocks(opening)
+            self.tables[seq_id].extend(taken)
+            return taken
+        if self.mistake == "seed_rule":
+            length = self.lengths.get(seq_id, 0)
+            missing = sum((length + i + 1) % self.block_size == 0 for i in range(num_tokens))
+            self._new_blocks_for(seq_id, num_tokens)
+            if missing > len(self.free):
+                raise RuntimeError("out of blocks")
+            taken = self.take_blocks(missing)
+            self.tables[seq_id].extend(taken)
+            self.lengths[seq_id] += num_tokens
+            return taken
+        before = self.lengths.get(seq_id, 0)
+        taken = super().append_tokens(seq_id, num_tokens)
+        if self.mistake == "no_length":
+            self.lengths[seq_id] = before
+        elif self.mistake == "no_ref_count":
+            for block_id in taken:
+                self.ref_counts[block_id] = 0
+        elif self.mistake == "whole_table":
+            return list(self.tables[seq_id])
+        return taken
 
 
-_GROWTH_RULES = [  # (a wrong rule learners write, the mistake it makes)
-    (lambda n, held, k, bs: sum((n + i + 1) % bs == 0 for i in range(k)),
-     "off by one at a block boundary: the seed's (length + 1) % block_size == 0 fires one token early "
-     "and never after a prompt that fills its blocks; a block is needed when a new token's position "
-     "is a multiple of block_size"),
-    (lambda n, held, k, bs: _ceil(n + k, bs) - held,
-     "the answer went negative: blocks held ahead of time already count, so nothing is added then"),
-    (lambda n, held, k, bs: max(0, (n + k) // bs - held),
-     "floor instead of ceiling: a partly filled block is still a block"),
-    (lambda n, held, k, bs: max(0, (n + k) // bs + 1 - held),
-     "(tokens // block_size) + 1 blocks is one too many when the tokens fill their blocks exactly"),
-    (lambda n, held, k, bs: _ceil(k, bs),
-     "counted only the new tokens' own blocks: they continue where the sequence ends"),
-    (lambda n, held, k, bs: max(0, _ceil(n + k, bs) - _ceil(n, bs)),
-     "num_blocks_held counts blocks reserved ahead too: use it instead of recomputing it"),
+def _wrong(mistake: str) -> Callable[[int, int], Any]:
+    return type(f"_{mistake}", (_WrongGrowth,), {"mistake": mistake})
+
+
+_NO_LENGTH = ("the sequence's length did not grow: after append_tokens(seq_id, k) the sequence holds k more "
+              "tokens, and the next call starts from there")
+GROWTH_MISTAKES: List[Mistake] = [
+    (_wrong("whole_table"), "append_tokens returned the whole block table: it returns only the ids this call "
+     "newly took (an empty list when none)"),
+    (_wrong("no_length"), _NO_LENGTH),
+    (_wrong("no_length_positions"), _NO_LENGTH),
+    (_wrong("no_ref_count"), "a block that append_tokens took has no holder on record, so freeing the "
+     "sequence did not send it back to the free queue: a block a table holds counts that table"),
+    (_wrong("not_atomic"), "append_tokens raised after taking some blocks (or counting some tokens): when the "
+     "free queue is short, a growth step must fail before it changes anything"),
+    (_wrong("seed_rule"), "off by one at a block boundary: the new block came one token early, and never "
+     "after a prompt that filled its blocks (the seed's rule); a block is needed by a token that finds no "
+     "free slot in the blocks the sequence holds"),
 ]
-_PROBES = [(n, _ceil(n, bs) + extra, k, bs) for bs in (1, 3, 4) for n in (0, 2, bs, 2 * bs + 1)
-           for k in (0, 1, bs, bs + 2) for extra in (0, 1)]
-
-
-def _growth_mistake(blocks_to_add: Callable[[int, int, int, int], int]) -> str:
-    """Name the wrong rule that gives the learner's answers on a set of probes (if one does)."""
-    answers = [call_learner(blocks_to_add, case, f"blocks_to_add{case}", "an int") for case in _PROBES]
-    for rule, why in _GROWTH_RULES:
-        if all(rule(*case) == got for case, got in zip(_PROBES, answers)):
-            return why
-    return ("the new tokens occupy positions num_tokens .. num_tokens + num_new_tokens - 1; count the "
-            "blocks those positions need beyond the ones held")
-
-
-def check_blocks_to_add(blocks_to_add: Callable[[int, int, int, int], int]) -> None:
-    """Task 05.1: ``blocks_to_add(num_tokens, num_blocks_held, num_new_tokens, block_size)``."""
-    cases = [  # (num_tokens, held, new, block_size), the first few verified by hand
-        (8, 2, 1, 4),   # a prompt that fills its blocks: the first new token needs a block (1)
-        (6, 2, 1, 4),   # room left in the last block (0)
-        (7, 2, 1, 4),   # the last slot of block 1: still no new block, the seed's rule says 1 (0)
-        (0, 0, 1, 16),  # an empty sequence has no block at all (1)
-        (5, 2, 9, 4),   # 14 tokens need 4 blocks, 2 are held (2)
-        (5, 4, 3, 4),   # blocks reserved ahead: nothing to add (0)
-    ]
-    rng = random.Random(5)
-    for bs in (1, 2, 3, 4, 16):
-        lengths = sorted({0, 1, bs - 1, bs, bs + 1, 2 * bs, 3 * bs - 1} | {rng.randrange(0, 4 * bs + 2) for _ in range(4)})
-        for n in lengths:
-            for k in sorted({0, 1, 2, bs - 1, bs, bs + 1, 2 * bs + 3}):
-                cases += [(n, _ceil(n, bs) + extra, k, bs) for extra in (0, 1, 2)]
-    for n, held, k, bs in cases:
-        want = max(0, _blocks_added_by_library(n, k, bs) - (held - _ceil(n, bs)))
-        call = f"blocks_to_add(num_tokens={n}, num_blocks_held={held}, num_new_tokens={k}, block_size={bs})"
-        got = call_learner(blocks_to_add, (n, held, k, bs), call, want)
-        if not is_int(got):
-            raise fail(call, want, got, "return an int (a number of blocks), not a bool or a float")
-        if got != want:
-            raise fail(call, want, got, _growth_mistake(blocks_to_add))
-    passed("05.1")
-
-
-# --------------------------------------------------------------------------- 05.2
-_PROMPT_HINT = ("a prompt of n tokens takes ceil(n / block_size) blocks from the head of the free queue; "
-                "n // block_size + 1 is one too many when n is a multiple of block_size")
-_BOUNDARY_HINT = ("a new block is needed exactly when a new token's position (the length before it) is a "
-                  "multiple of block_size; the seed's (length + 1) % block_size == 0 is off by one")
 
 
 def _growth_scenarios(cls: Any) -> None:
+    def run(num_blocks: int, block_size: int) -> Steps:
+        return Steps(cls, num_blocks, block_size, mistakes=GROWTH_MISTAKES)
+
     # A prompt that fills its blocks, then decode steps across two block boundaries.
-    run = allocator_steps(cls, 10, 4)
-    run.step("allocate_for_sequence", 0, 8, hint=_PROMPT_HINT)
-    run.step("append_tokens", 0, 1, hint=_BOUNDARY_HINT)
-    for _ in range(4):
-        run.step("append_tokens", 0, 1, hint=_BOUNDARY_HINT)
-    run.step("allocate_for_sequence", 1, 6, hint=_PROMPT_HINT)
+    r = run(10, 4)
+    r.step("allocate_for_sequence", 0, 8)
+    for _ in range(5):
+        r.step("append_tokens", 0, 1)
+    r.step("allocate_for_sequence", 1, 6)
     for _ in range(3):
-        run.step("append_tokens", 1, 1, hint=_BOUNDARY_HINT)
-    run.step("append_tokens", 1)  # num_tokens defaults to 1
+        r.step("append_tokens", 1, 1)
+    r.step("append_tokens", 1)  # num_tokens defaults to 1
+    r.step("free_sequence", 0)
+    r.step("free_sequence", 1)
     # Chunks of several tokens at once (a chunked prefill), starting from an empty sequence.
-    run = allocator_steps(cls, 8, 4)
-    run.step("allocate_for_sequence", 0, 0, hint="an empty prompt needs no block at all")
-    run.step("append_tokens", 0, 0, hint="growing by 0 tokens takes nothing and returns []")
+    r = run(8, 4)
+    r.step("allocate_for_sequence", 0, 0, hint="an empty prompt needs no block at all")
+    r.step("append_tokens", 0, 0, hint="growing by 0 tokens takes nothing and returns []")
     for chunk in (5, 7, 4, 1, 3):
-        run.step("append_tokens", 0, chunk, hint="a chunk of k tokens needs every block its positions start")
+        r.step("append_tokens", 0, chunk)
+    r.step("free_sequence", 0)
     # Errors change nothing.
-    run = allocator_steps(cls, 5, 3)
-    run.step("allocate_for_sequence", 0, 7)
-    run.step("append_tokens", 9, 1)
-    run.step("allocate_for_sequence", 0, 2)
-    run.step("allocate_for_sequence", 1, 7)
-    run.step("append_tokens", 0, 9)
-    run.step("append_tokens", 0, 5)
-    run.step("get_block_mapping", 4)
-    run.step("free_sequence", 4, hint="freeing an unknown id does nothing")
-    run.step("append_tokens", 0, 2)
-    run.step("append_tokens", 0, 1, hint="the pool is empty now: a block that is needed cannot be found")
+    r = run(5, 3)
+    r.step("allocate_for_sequence", 0, 7)
+    r.step("append_tokens", 9, 1)
+    r.step("allocate_for_sequence", 1, 3)
+    r.step("append_tokens", 0, 9)
+    r.step("append_tokens", 0, 5)
+    r.step("free_sequence", 4, hint="freeing an unknown id does nothing")
+    r.step("append_tokens", 0, 2)
+    r.step("append_tokens", 0, 1, hint="the pool is empty now: a block that is needed cannot be found")
+    r.step("free_sequence", 0)
     # Free order: the last block first, so a sequence's tail is reused before its head.
-    run = allocator_steps(cls, 5, 4)
-    run.step("allocate_for_sequence", 0, 10)
-    run.step("allocate_for_sequence", 1, 4)
-    run.step("free_sequence", 0)
-    run.step("append_tokens", 1, 1, hint="freed blocks join the tail of the free queue, last logical block "
-             "first; freeing head first would hand out a sequence's first block first")
-    run.step("allocate_for_sequence", 2, 7, hint="freed blocks join the tail of the free queue, last logical "
-             "block first (head-first order evicts the start of a prefix first)")
+    r = run(5, 4)
+    r.step("allocate_for_sequence", 0, 2)
+    r.step("append_tokens", 0, 8)
+    r.step("allocate_for_sequence", 1, 4)
+    r.step("free_sequence", 0)
+    r.step("append_tokens", 1, 1)
+    r.step("allocate_for_sequence", 2, 7)
 
 
-def _random_scenarios(cls: Any, seeds: List[int], *, forks: bool) -> None:
+def random_scenarios(cls: Any, seeds: List[int], *, forks: bool, mistakes: List[Mistake]) -> None:
+    """Random call sequences on small pools (prefix caching off), compared call by call."""
     for seed in seeds:
         rng = random.Random(seed)
         bs = rng.choice([1, 2, 3, 5])
-        run = allocator_steps(cls, rng.randrange(6, 13), bs)
+        run = Steps(cls, rng.randrange(6, 13), bs, mistakes=mistakes)
         next_id = 0
         for _ in range(30):
             live = list(run.ref.seq_ids)
@@ -160,15 +189,15 @@ def _random_scenarios(cls: Any, seeds: List[int], *, forks: bool) -> None:
 
 
 def check_growing_allocator(cls: Any) -> None:
-    """Task 05.2: ``MyAllocator.append_tokens`` grows sequences like the library's allocator.
+    """Task 05.1: ``MyAllocator.append_tokens`` grows sequences like the library's allocator.
 
-    ``cls`` is the learner's class; it is built with ``cls(num_blocks, block_size)`` and
-    driven beside a ``PagedKVCacheAllocator`` (prefix caching off) through decode steps,
-    chunks, errors and frees; mappings, free counts and returned block ids must agree.
+    ``cls`` is built with ``cls(num_blocks, block_size)`` and driven beside a
+    ``PagedKVCacheAllocator`` (prefix caching off) through decode steps, chunks, errors and
+    frees; mappings, free counts and returned block ids must agree.
     """
     _growth_scenarios(cls)
-    _random_scenarios(cls, [1, 2, 3, 4], forks=False)
-    passed("05.2")
+    random_scenarios(cls, [1, 2, 3, 4], forks=False, mistakes=GROWTH_MISTAKES)
+    passed("05.1")
 
 
 def serve_through_engine(cls: Any, task: str, *, n: int) -> None:
@@ -206,8 +235,88 @@ def serve_through_engine(cls: Any, task: str, *, n: int) -> None:
 
 
 def check_serves_tiny_model(cls: Any) -> None:
-    """Task 05.2 (second check): the learner's class does the bookkeeping of the real engine."""
-    serve_through_engine(cls, "05.2", n=1)
+    """Task 05.1 (second check): the learner's class does the bookkeeping of the real engine."""
+    serve_through_engine(cls, "05.1", n=1)
+
+
+# --------------------------------------------------------------------------- 05.2
+_WATERMARK_RULES = [  # (a wrong answer learners write, the mistake it makes)
+    (lambda free, need, nb, wm: free - need >= math.floor(wm * nb),
+     "the reserve rounds up: a watermark of w keeps ceil(w * num_blocks) blocks free, so a fraction of a "
+     "block reserves a whole one"),
+    (lambda free, need, nb, wm: free - need > math.ceil(wm * nb),
+     "growing may use every block down to the reserve itself: exactly the reserve left free is allowed"),
+    (lambda free, need, nb, wm: free - need >= 0,
+     "the watermark is ignored: blocks it reserves (ceil(watermark * num_blocks)) must stay free"),
+]
+
+
+def _can_append_cases() -> List[tuple]:
+    """(block_size, num_blocks, prompts, seq_ids asked, num_tokens, watermark), small enough to read."""
+    cases = [
+        (4, 10, [8, 6, 3], [0, 1, 2], 1, 0.0),     # one sequence at a boundary: 1 block
+        (4, 5, [8, 7, 4], [0, 1, 2], 1, 0.0),      # two at a boundary, 1 free: no
+        (4, 6, [8, 7, 4], [0, 1, 2], 1, 0.0),      # exactly enough
+        (4, 6, [8, 7, 4], [1], 1, 0.0),            # room in the last block: needs nothing
+        (4, 6, [8, 7, 4], [], 1, 0.0),             # nobody grows
+        (4, 8, [5, 2], [0, 1], 6, 0.0),            # chunks: 11 and 8 tokens
+        (4, 8, [5, 2], [0, 1], 7, 0.0),
+        (4, 8, [5, 2], [0, 1], 0, 0.0),            # growing by 0 needs nothing
+        (4, 10, [8, 8], [0, 1], 1, 0.2),           # 2 needed, 6 free, reserve 2
+        (4, 10, [8, 8, 8], [0, 1, 2], 1, 0.25),    # reserve ceil(2.5) = 3: 1 left, no
+        (4, 10, [8, 8, 8], [0, 1, 2], 1, 0.1),     # reserve 1: exactly
+        (4, 10, [8, 8, 8], [0, 1, 2], 1, 0.11),    # reserve ceil(1.1) = 2: no
+        (1, 6, [2, 2], [0, 1], 1, 0.0),
+        (3, 4, [0], [0], 12, 0.0),
+        (3, 4, [0], [0], 13, 0.0),
+    ]
+    rng = random.Random(52)
+    for _ in range(25):
+        bs = rng.choice([1, 2, 3, 4])
+        prompts = [rng.randrange(0, 3 * bs + 1) for _ in range(rng.randrange(1, 4))]
+        nb = sum(_ceil(p, bs) for p in prompts) + rng.randrange(0, 5)
+        asked = [s for s in range(len(prompts)) if rng.random() < 0.7]
+        cases.append((bs, nb, prompts, asked, rng.choice([0, 1, 1, 2, bs, bs + 1]), rng.choice([0.0, 0.0, 0.1, 0.3, 0.5])))
+    return cases
+
+
+def check_can_append(cls: Any) -> None:
+    """Task 05.2: ``MyAllocator.can_append(seq_ids, num_tokens=1, *, watermark=0.0)`` answers like the library's."""
+    for bs, nb, prompts, asked, k, wm in _can_append_cases():
+        run = Steps(cls, nb, bs)
+        for seq_id, n in enumerate(prompts):
+            run.step("allocate_for_sequence", seq_id, n)
+        free = run.ref.num_free_blocks
+        need = sum(max(0, _ceil(prompts[s] + k, bs) - _ceil(prompts[s], bs)) for s in asked)
+        want = run.ref.can_append(asked, k, watermark=wm)
+        run.calls.append(("can_append", (asked, k), {"watermark": wm}))
+        call = run.program()
+        got = call_learner(run.mine.can_append, (list(asked), k), call, want, watermark=wm)
+        if type(got) is not bool:
+            raise fail(call, want, got, "can_append answers with a bool (True or False)")
+        if got != want:
+            hint = (f"the listed sequences need {need} new blocks in all, {free} are free and the watermark "
+                    f"keeps {math.ceil(wm * nb)}; count each sequence's new blocks from its own length")
+            for rule, why in _WATERMARK_RULES:
+                if wm and rule(free, need, nb, wm) == got:
+                    hint = why
+                    break
+            raise fail(call, want, got, hint)
+        run.compare("can_append only asks: it must change nothing", None)
+    run = Steps(cls, 6, 2)
+    run.step("allocate_for_sequence", 0, 3)
+    run.step("allocate_for_sequence", 1, 2)
+    for args, kwargs, hint in (
+        (([0, 5], 1), {}, "an unknown sequence id raises ValueError (it cannot grow)"),
+        (([1, 0, 1], 1), {}, "a sequence listed twice raises ValueError (it would be counted twice)"),
+        (([0], 1), {"watermark": 1.5}, "a watermark outside 0..1 raises ValueError"),
+        (([0], 1), {"watermark": -0.1}, "a watermark outside 0..1 raises ValueError"),
+    ):
+        run.calls.append(("can_append", args, kwargs))
+        expect_raises(lambda *a, kw=kwargs: run.mine.can_append(*a, **kw), args, run.program(), ValueError, hint)
+        run.calls.pop()
+        run.compare("a call that raises must change nothing", None)
+    passed("05.2")
 
 
 # --------------------------------------------------------------------------- 05.3

@@ -1,88 +1,187 @@
-"""Checks of exercise 06, sharing: your allocator's copy-on-write (and fork), the salted chained
-block key, the keys of a prompt, the longest cached prefix, and O(1) removal from the free queue.
+"""Checks of exercise 06, sharing: your allocator's copy-on-write, a block key with an exact
+format, prefix caching inside your allocator (and through the real engine), an eviction order
+for cached free blocks (a design task graded by a measured threshold), and O(1) removal from
+the free queue.
 
-Every expected value comes from the library (``PagedKVCacheAllocator``, ``block_key``,
-``chain_keys``, ``FreeBlockQueue``) run on the same inputs; hints name the likely mistake.
+Expected values come from the library (``PagedKVCacheAllocator``, ``block_key``,
+``FreeBlockQueue``, the engine) run on the same inputs. A wrong answer's hint names the known
+mistake that answers exactly as the learner's code did, without the recipe.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..allocator import PagedKVCacheAllocator
+import torch
+
+from ..course.starters.after_05 import AllocatorAfter05
+from ..course.starters.after_06 import AllocatorAfter06
 from ..free_queue import NOT_QUEUED, FreeBlockQueue
-from ..prefix_cache import block_key, chain_keys
-from ._allocator_steps import NAME, allocator_steps
-from ._common import call_learner, expect_equal, expect_raises, fail, passed
-from .checks_05 import _random_scenarios, serve_through_engine
+from ..prefix_cache import block_key
+from ._common import call_learner, expect_raises, fail, is_int, passed
+from ._steps import NAME, Mistake, Steps
+from .checks_05 import random_scenarios, serve_through_engine
+
+#: Print the learner's figures beside the library's on success too (06.3's hit rate, 06.4's hit rates).
+#: Off while the notebook validator allows a check cell no output but its ``PASSED NN.k`` line; a
+#: failure always shows them.
+SHOW_FIGURES = False
+
+#: What a solution of exercise 06 may not use (see :mod:`paged_kv_lib.grading.delegation`): the code
+#: that implements sharing, prefix caching and the free queue, and the starters of exercise 06 and later.
+FORBIDDEN = (
+    "paged_kv_lib.grading",
+    "paged_kv_lib.conformance",
+    "paged_kv_lib.conformance.differential",
+    "paged_kv_lib.conformance.engine",
+    "paged_kv_lib.conformance.simulation",
+    "paged_kv_lib.conformance.starter",
+    "paged_kv_lib.allocator",
+    "paged_kv_lib.block_manager",
+    "paged_kv_lib.free_queue",
+    "paged_kv_lib.prefix_cache",
+    "paged_kv_lib.invariants",
+    "paged_kv_lib.seed",
+    "paged_kv_lib.course.starters.after_06",
+    "paged_kv_lib.course.starters.after_07",
+    "paged_kv_lib.course.starters.after_08",
+    "paged_kv_lib.course.starters.after_09",
+)
+
 
 # --------------------------------------------------------------------------- 06.1
-_NO_COPY = ("no copy-on-write: the new token lands in a shared block that is not full, so the writer "
-            "must first get a private copy of it (the other holders keep reading the original)")
-_NEEDLESS_COPY = ("a full shared block needs no copy (the new token starts a new block), and a block "
-                  "whose only holder writes needs none either")
-_KEEPS_REFERENCE = ("a copy-on-write that keeps the old reference: after the copy the writer no longer holds "
-                    "the block it replaced, so that block must lose one holder (or it never returns to the "
-                    "free queue)")
-_FORK_COUNTS = ("fork adds a holder to every block the child shares: freeing the parent must leave the "
-                "child's blocks allocated, and only the last holder's free returns a block")
+class _WrongCopy(AllocatorAfter05):
+    """Exercise 05's allocator with copy-on-write written with one known mistake (``mistake``)."""
+
+    mistake = ""
+
+    def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
+        missing = self._new_blocks_for(seq_id, num_tokens)
+        table, length, bs = self.tables[seq_id], self.lengths[seq_id], self.block_size
+        shared = bool(table) and self.ref_counts[table[-1]] > 1
+        partial = length % bs != 0
+        if self.mistake == "copy_full":
+            copy = num_tokens > 0 and shared
+        elif self.mistake == "copy_always":
+            copy = num_tokens > 0 and bool(table) and partial
+        else:
+            copy = num_tokens > 0 and shared and partial
+        if missing + (copy and self.mistake != "not_atomic") > len(self.free):
+            raise RuntimeError("out of blocks")
+        if copy and self.mistake == "copy_after":
+            grown = super().append_tokens(seq_id, num_tokens)
+            if not self.free:
+                raise RuntimeError("out of blocks")
+            (fresh,) = self.take_blocks(1)
+            self.ref_counts[table[len(table) - len(grown) - 1]] -= 1
+            table[len(table) - len(grown) - 1] = fresh
+            return grown + [fresh]
+        fresh_ids: List[int] = []
+        if copy:
+            if not self.free:
+                raise RuntimeError("out of blocks")
+            fresh_ids = self.take_blocks(1)
+            if self.mistake != "keeps_reference":
+                self.ref_counts[table[-1]] -= 1
+            table[-1] = fresh_ids[0]
+        grown = super().append_tokens(seq_id, num_tokens)
+        return grown + fresh_ids if self.mistake == "returned_last" else fresh_ids + grown
+
+
+def _wrong_copy(mistake: str) -> Callable[[int, int], Any]:
+    return type(f"_{mistake}", (_WrongCopy,), {"mistake": mistake})
+
+
+COPY_MISTAKES: List[Mistake] = [
+    (_wrong_copy("returned_last"), "the right blocks, in the wrong order: the copy is the first block this call "
+     "took, so it comes first among the ids returned"),
+    (_wrong_copy("copy_after"), "the copy and the new blocks were taken in the other order: the copy replaces the "
+     "block the next token lands in, so it is taken before any new block"),
+    (AllocatorAfter05, "no copy-on-write: the new token lands in a block that other sequences hold and that is not "
+     "full, so they would read it as theirs"),
+    (_wrong_copy("copy_full"), "a full shared block was copied: the next token starts a new block, so nobody "
+     "writes into a full one"),
+    (_wrong_copy("copy_always"), "a block with one holder was copied: only a block that others hold too needs a "
+     "private copy"),
+    (_wrong_copy("keeps_reference"), "after a copy this sequence still counts as a holder of the block it replaced, "
+     "so that block never returns to the free queue"),
+    (_wrong_copy("not_atomic"), "the copy counts too: with too few free blocks for the copy and the new blocks "
+     "together, append_tokens must fail before it changes anything"),
+]
 
 
 def _sharing_scenarios(cls: Any) -> None:
+    def run(num_blocks: int, block_size: int) -> Steps:
+        return Steps(cls, num_blocks, block_size, mistakes=COPY_MISTAKES)
+
+    # One copy, then the parent leaves: the block the child gave up goes back to the pool.
+    r = run(6, 4)
+    r.step("allocate_for_sequence", 0, 5)
+    r.step("fork", 0, 1)
+    r.step("append_tokens", 1, 1)
+    r.step("free_sequence", 0)
+    r.step("free_sequence", 1)
+    # A chunk whose copy fits but whose new blocks do not: nothing changes.
+    r = run(4, 2)
+    r.step("allocate_for_sequence", 0, 3)
+    r.step("fork", 0, 1)
+    r.step("append_tokens", 1, 5, hint="the copy and the new blocks do not fit together: RuntimeError, nothing changed")
+    r.step("append_tokens", 1, 3)
     # Fork first: the child's blocks stay allocated while it holds them.
-    run = allocator_steps(cls, 6, 2)
-    run.step("allocate_for_sequence", 0, 5)
-    run.step("fork", 0, 1, hint="the child gets the parent's mapping: the same blocks, nothing new taken")
-    run.step("free_sequence", 0, hint=_FORK_COUNTS)
-    run.step("allocate_for_sequence", 2, 3, hint=_FORK_COUNTS)
-    run.step("free_sequence", 1, hint=_FORK_COUNTS)
+    r = run(6, 2)
+    r.step("allocate_for_sequence", 0, 5)
+    r.step("fork", 0, 1, hint="the child gets the parent's mapping: the same blocks, nothing new taken")
+    r.step("free_sequence", 0)
+    r.step("allocate_for_sequence", 2, 3)
+    r.step("free_sequence", 1)
     # Three samples of a prompt that ends mid-block: two copies, then the last holder writes in place.
-    run = allocator_steps(cls, 12, 4)
-    run.step("allocate_for_sequence", 0, 6)
-    run.step("fork", 0, 1, hint="the child gets the parent's mapping: the same blocks, nothing new taken")
-    run.step("fork", 0, 2)
-    run.step("append_tokens", 1, 1, hint=_NO_COPY)
-    run.step("append_tokens", 2, 1, hint=_NO_COPY)
-    run.step("append_tokens", 0, 1, hint=_NEEDLESS_COPY)
-    run.step("append_tokens", 1, 2)
-    run.step("free_sequence", 1, hint=_KEEPS_REFERENCE)
-    run.step("free_sequence", 2, hint=_KEEPS_REFERENCE)
-    run.step("free_sequence", 0, hint=_KEEPS_REFERENCE)
+    r = run(12, 4)
+    r.step("allocate_for_sequence", 0, 6)
+    r.step("fork", 0, 1)
+    r.step("fork", 0, 2)
+    r.step("append_tokens", 1, 1)
+    r.step("append_tokens", 2, 1)
+    r.step("append_tokens", 0, 1)
+    r.step("append_tokens", 1, 2)
+    r.step("free_sequence", 1)
+    r.step("free_sequence", 2)
+    r.step("free_sequence", 0)
     # A shared block that is full: the next token starts a new block, no copy.
-    run = allocator_steps(cls, 8, 4)
-    run.step("allocate_for_sequence", 0, 8)
-    run.step("fork", 0, 1)
-    run.step("append_tokens", 1, 1, hint=_NEEDLESS_COPY)
-    run.step("free_sequence", 0, hint=_FORK_COUNTS)
-    run.step("free_sequence", 1, hint=_FORK_COUNTS)
-    # A chunk into a shared partial block: the copy first, then the new blocks.
-    run = allocator_steps(cls, 10, 3)
-    run.step("allocate_for_sequence", 0, 4)
-    run.step("fork", 0, 1)
-    run.step("append_tokens", 1, 6, hint=_NO_COPY + "; the copy is taken (and returned) before the new blocks")
-    run.step("fork", 1, 2)
-    run.step("free_sequence", 1, hint=_FORK_COUNTS)
-    run.step("append_tokens", 2, 1, hint=_NO_COPY)
-    run.step("append_tokens", 0, 1, hint=_NEEDLESS_COPY)
+    r = run(8, 4)
+    r.step("allocate_for_sequence", 0, 8)
+    r.step("fork", 0, 1)
+    r.step("append_tokens", 1, 1)
+    r.step("free_sequence", 0)
+    r.step("free_sequence", 1)
+    # A chunk into a shared partial block: the copy, then the new blocks.
+    r = run(10, 3)
+    r.step("allocate_for_sequence", 0, 4)
+    r.step("fork", 0, 1)
+    r.step("append_tokens", 1, 6)
+    r.step("fork", 1, 2)
+    r.step("free_sequence", 1)
+    r.step("append_tokens", 2, 1)
+    r.step("append_tokens", 0, 1)
     # Empty sequences, errors, and a copy that does not fit.
-    run = allocator_steps(cls, 3, 4)
-    run.step("allocate_for_sequence", 0, 0)
-    run.step("fork", 0, 1)
-    run.step("append_tokens", 1, 1, hint="a sequence with no block takes a new one: there is nothing to copy")
-    run.step("fork", 7, 3, hint="forking an unknown parent raises ValueError")
-    run.step("fork", 0, 1, hint="forking into an id that exists raises ValueError")
-    run.step("allocate_for_sequence", 2, 7)
-    run.step("fork", 1, 3)
-    run.step("append_tokens", 3, 1, hint="the copy needs a free block and there is none: RuntimeError, nothing changed")
-    run.step("free_sequence", 1)
-    run.step("append_tokens", 3, 1, hint=_NEEDLESS_COPY)
+    r = run(3, 4)
+    r.step("allocate_for_sequence", 0, 0)
+    r.step("fork", 0, 1)
+    r.step("append_tokens", 1, 1, hint="a sequence with no block takes a new one: there is nothing to copy")
+    r.step("fork", 7, 3, hint="forking an unknown parent raises ValueError")
+    r.step("fork", 0, 1, hint="forking into an id that exists raises ValueError")
+    r.step("allocate_for_sequence", 2, 7)
+    r.step("fork", 1, 3)
+    r.step("append_tokens", 3, 1, hint="the copy needs a free block and there is none: RuntimeError, nothing changed")
+    r.step("free_sequence", 1)
+    r.step("append_tokens", 3, 1)
 
 
 def check_sharing_allocator(cls: Any) -> None:
     """Task 06.1: ``MyAllocator`` copies a shared block on write (and forks) like the library's allocator."""
     _sharing_scenarios(cls)
-    _random_scenarios(cls, [11, 12, 13, 14, 15], forks=True)
+    random_scenarios(cls, [11, 12, 13, 14, 15], forks=True, mistakes=COPY_MISTAKES)
     passed("06.1")
 
 
@@ -91,7 +190,7 @@ def check_allocator_conforms(cls: Any) -> None:
     from ..conformance.differential import PARTS, check_allocator
 
     try:
-        check_allocator(cls, max_examples=50, ops=PARTS["06"], name=NAME)  # ~2,000 learner calls at most
+        check_allocator(cls, max_examples=200, ops=PARTS["06"], name=NAME)  # 50 missed a class without copy-on-write
     except NotImplementedError as exc:
         call_learner(_raise, (exc,), "check_allocator(MyAllocator)", "no difference")
     except AssertionError as exc:
@@ -110,106 +209,395 @@ def check_serves_forked_samples(cls: Any) -> None:
 
 
 # --------------------------------------------------------------------------- 06.2
-def check_salted_block_key(salted_block_key: Callable[[Optional[bytes], List[int], Optional[bytes]], bytes]) -> None:
-    """Task 06.2: ``salted_block_key(parent_key, token_ids, extra_key=None)`` equals the library's ``block_key``."""
-    root = block_key(None, [1, 2, 3, 4])
-    parents = [None, root, block_key(root, [5, 6, 7, 8])]
-    token_lists = [[1, 2, 3, 4], [0, 0, 0, 0], [7], [], [255, 256, 2**40, 3], list(range(16))]
-    salts = [None, b"", b"lora-7", b"tenant:a" * 5, bytes(range(9))]
-    for parent in parents:
-        for tokens in token_lists:
-            for salt in salts:
-                want = block_key(parent, tokens, salt)
-                shown = "None" if parent is None else f"<key {parent.hex()[:8]}...>"
-                call = f"salted_block_key({shown}, {tokens}, extra_key={salt!r})"
-                got = call_learner(salted_block_key, (parent, list(tokens), salt), call, want)
-                if not isinstance(got, bytes):
-                    raise fail(call, want, got, "return the 32-byte digest itself: hashlib.sha256(...).digest()")
-                hint = ("SHA-256 over: the parent key (32 zero bytes when None); then, if extra_key is "
-                        "non-empty, len(extra_key) as 8 little-endian bytes followed by extra_key; then every "
-                        "token id as a signed 8-byte little-endian integer")
-                if salt and block_key(parent, tokens) == got:
-                    hint = "the extra key is missing from your hash: " + hint
-                expect_equal(call, want, got, hint)
+#: The test vectors the task text shows (each computed by the library here, never stored).
+KEY_VECTORS: List[Tuple[Optional[bytes], List[int], Optional[bytes]]] = [
+    (None, [], None),
+    (None, [1, 2, 3], None),
+    (None, [-1], None),
+    (bytes(range(32)), [7, 300], None),
+    (None, [1, 2, 3], b"lora-2"),
+]
+
+# The parts of the key, each with inputs that exercise it alone (given that the parts before it are right).
+_KEY_PARTS: List[Tuple[str, List[Tuple[Optional[bytes], List[int], Optional[bytes]]]]] = [
+    ("the root: the key of a first block (parent None) with no tokens and no salt",
+     [(None, [], None), (bytes(32), [], None)]),
+    ("the tokens: their encoding (how many bytes each takes, the byte order, negative ids)",
+     [(None, [1], None), (None, [1, 2, 3], None), (None, [0], None), (None, [-1], None), (None, [2 ** 40], None),
+      (None, [256], None), (None, [1, 0], None), (None, [-(2 ** 63)], None)]),
+    ("the parent: how a parent key goes into its child's key",
+     [(bytes(range(32)), [], None), (bytes(range(32)), [7, 300], None), (block_key(None, [5]), [6], None)]),
+    ("the salt: no salt and an empty salt add nothing; a non-empty salt goes in framed by its length",
+     [(None, [], b""), (None, [], b"x"), (None, [1, 2, 3], b"lora-2"), (None, [1], b"ab"), (None, [], b"\x00" * 9),
+      (block_key(None, [5]), [6], bytes(range(9)))]),
+]
+
+
+def _show_key_call(parent: Optional[bytes], tokens: List[int], salt: Optional[bytes]) -> str:
+    shown = "None" if parent is None else ("bytes(32)" if parent == bytes(32) else f"<key {parent.hex()[:8]}...>")
+    return f"salted_block_key({shown}, {tokens}" + (f", extra_key={salt!r})" if salt is not None else ")")
+
+
+def _expect_key(fn: Callable[..., bytes], parent: Optional[bytes], tokens: List[int], salt: Optional[bytes],
+                part: str) -> None:
+    want = block_key(parent, tokens, salt)
+    call = _show_key_call(parent, tokens, salt)
+    args = (parent, list(tokens)) if salt is None else (parent, list(tokens), salt)
+    got = call_learner(fn, args, call, want.hex())
+    if type(got) is not bytes:
+        raise fail(call, want.hex(), got, "return the digest itself: 32 bytes (bytes), not text or a hash object")
+    if len(got) != 32:
+        raise fail(call, want.hex(), got.hex(), f"a key is a SHA-256 digest, 32 bytes; yours has {len(got)}")
+    if got != want:
+        if _reordered(got, parent, tokens, salt):
+            part = "the order of the parts: each part is right, but the message puts them in another order"
+        raise fail(call, want.hex(), got.hex(), f"the first part that differs: {part}")
+
+
+def _reordered(got: bytes, parent: Optional[bytes], tokens: List[int], salt: Optional[bytes]) -> bool:
+    """Whether ``got`` hashes the key's three parts, each right, in another order."""
+    from hashlib import sha256
+    from itertools import permutations
+
+    framed = len(salt).to_bytes(8, "little") + salt if salt else b""
+    parts = [parent if parent is not None else bytes(32), framed, b"".join(t.to_bytes(8, "little", signed=True) for t in tokens)]
+    return any(sha256(b"".join(order)).digest() == got for order in permutations(parts))
+
+
+def check_salted_block_key(salted_block_key: Callable[..., bytes]) -> None:
+    """Task 06.2: ``salted_block_key(parent_key, token_ids, extra_key=None)`` equals the library's key byte for byte.
+
+    The parts are checked in order (root, tokens, parent, salt), each on inputs that exercise it,
+    so a difference names the first part that differs; then random blocks.
+    """
+    for part, cases in _KEY_PARTS:
+        for parent, tokens, salt in cases:
+            _expect_key(salted_block_key, parent, tokens, salt, part)
+    rng = random.Random(62)
+    for _ in range(40):
+        parent = None if rng.random() < 0.3 else bytes(rng.randrange(256) for _ in range(32))
+        tokens = [rng.randrange(-5, 70000) for _ in range(rng.randrange(0, 17))]
+        salt = rng.choice([None, b"", b"t:" + bytes([rng.randrange(256)]) * rng.randrange(1, 12)])
+        _expect_key(salted_block_key, parent, tokens, salt, "the whole key, on a random block (all parts together)")
     passed("06.2")
 
 
 # --------------------------------------------------------------------------- 06.3
-def check_salted_chain_keys(salted_chain_keys: Callable[[List[int], int, Optional[bytes]], List[bytes]]) -> None:
-    """Task 06.3: ``salted_chain_keys(token_ids, block_size, extra_key=None)`` equals the library's ``chain_keys``."""
-    rng = random.Random(6)
-    cases = [([], 4, None), ([1, 2, 3], 4, None), ([1, 2, 3, 4], 4, None), (list(range(9)), 4, None),
-             (list(range(12)), 4, b"lora-1"), (list(range(5)), 1, None), ([9] * 32, 16, b"x")]
-    cases += [([rng.randrange(300) for _ in range(rng.randrange(40))], rng.choice([2, 3, 8]), rng.choice([None, b"s"]))
-              for _ in range(12)]
-    for tokens, bs, salt in cases:
-        want = chain_keys(tokens, bs, salt)
-        call = f"salted_chain_keys({tokens}, block_size={bs}, extra_key={salt!r})"
-        got = call_learner(salted_chain_keys, (list(tokens), bs, salt), call, [k.hex()[:8] for k in want])
-        if not isinstance(got, (list, tuple)) or not all(isinstance(k, bytes) for k in got):
-            raise fail(call, f"a list of {len(want)} keys (bytes)", got, "return a list of 32-byte digests")
-        got = list(got)
-        if len(got) != len(want):
-            raise fail(call, f"{len(want)} keys (one per full block)", f"{len(got)} keys",
-                       "only full blocks get a key; a partial last block has none")
-        for i, (w, g) in enumerate(zip(want, got)):
-            if w != g:
-                hint = "key i is block_key(key i-1, tokens of block i, extra_key), key 0's parent is None"
-                if i and g == block_key(None, tokens[i * bs:(i + 1) * bs], salt):
-                    hint = ("an unchained hash: key i was computed from block i's tokens alone, so the same "
-                            "tokens after different prefixes would share K/V; " + hint)
-                elif i and salt and g == block_key(want[i - 1], tokens[i * bs:(i + 1) * bs]):
-                    hint = "the extra key must go into every block's key, not only the first: " + hint
-                raise fail(call + f"[{i}]", w.hex(), g.hex(), hint)
+class _WrongCache(AllocatorAfter06):
+    """The course's exercise-06 allocator with one known prefix-caching mistake switched on."""
+
+    mistake = ""
+
+    def _key(self, parent: Optional[bytes], token_ids: Sequence[int]) -> bytes:
+        return super()._key(None if self.mistake == "unchained" else parent, token_ids)
+
+    def _lookup(self, keys: List[bytes]) -> List[int]:
+        if self.mistake == "no_cache":
+            return []
+        return super()._lookup(keys)
+
+    def take_blocks(self, count: int) -> List[int]:
+        if self.mistake == "stale":
+            return AllocatorAfter05.take_blocks(self, count)
+        return super().take_blocks(count)
+
+    def free_sequence(self, seq_id: int) -> None:
+        if self.mistake == "forget_on_free":
+            for block_id in self.tables.get(seq_id, []):
+                if self.ref_counts[block_id] == 1 and block_id in self.key_of:
+                    del self.cached[self.key_of.pop(block_id)]
+        super().free_sequence(seq_id)
+
+    def allocate_for_sequence(  # type: ignore[override]
+        self, seq_id: int, num_prompt_tokens: int, token_ids: Optional[Sequence[int]] = None
+    ) -> int:
+        if self.mistake == "hit_in_queue" and token_ids is not None:
+            saved = self.free
+            self.free = _NoRemove(saved)  # type: ignore[assignment]
+            try:
+                return self._counted(super().allocate_for_sequence(seq_id, num_prompt_tokens, token_ids))
+            finally:
+                self.free = saved
+        return self._counted(super().allocate_for_sequence(seq_id, num_prompt_tokens, token_ids))
+
+    def _counted(self, cached_tokens: int) -> int:
+        return cached_tokens // self.block_size if self.mistake == "blocks_not_tokens" else cached_tokens
+
+
+class _NoRemove:
+    """A free queue whose ``remove`` does nothing (a hit left in the queue); everything else passes through."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def remove(self, block_id: int) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __bool__(self) -> bool:
+        return bool(self.inner)
+
+
+def _wrong_cache(mistake: str) -> Callable[[int, int], Any]:
+    return type(f"_{mistake}", (_WrongCache,), {"mistake": mistake})
+
+
+CACHE_MISTAKES: List[Mistake] = [
+    (_wrong_cache("blocks_not_tokens"), "allocate_for_sequence returns how many prompt *tokens* it found cached "
+     "(whole blocks of them), not how many blocks"),
+    (_wrong_cache("forget_on_free"), "a freed block's content was forgotten: a free block keeps its key, and stays "
+     "findable until the free queue hands it out again"),
+    (_wrong_cache("no_cache"), "nothing was found cached: a prompt whose leading full blocks hold content already "
+     "in the pool reuses those blocks"),
+    (_wrong_cache("unchained"), "a block was reused after a different prefix: a block's K/V depends on every token "
+     "before it, so its key must depend on its parent's key too"),
+    (_wrong_cache("stale"), "a block that was handed out again (new content) was still found by its old key: "
+     "taking a block from the free queue forgets what it held"),
+    (_wrong_cache("hit_in_queue"), "a cache hit on a free block left it in the free queue, so it can be handed out "
+     "while a sequence holds it: a hit takes it out of the queue"),
+]
+
+
+def _prefix_scenarios(cls: Any) -> None:
+    def run(num_blocks: int, block_size: int) -> Steps:
+        return Steps(cls, num_blocks, block_size, prefix_caching=True, mistakes=CACHE_MISTAKES)
+
+    system = [5, 6, 7, 8, 9, 10, 11, 12]  # two blocks of 4
+    r = run(12, 4)
+    r.step("allocate_for_sequence", 0, 11, token_ids=system + [1, 2, 3])
+    r.step("allocate_for_sequence", 1, 10, token_ids=system + [4, 4],
+           hint="a prompt that starts with cached full blocks reuses them")
+    r.step("allocate_for_sequence", 2, 8, token_ids=[6, 7, 8, 9, 5, 6, 7, 8],
+           hint="the same tokens at another place follow another prefix: no reuse")
+    r.step("free_sequence", 0)
+    r.step("allocate_for_sequence", 3, 12, token_ids=system + [1, 2, 3, 0],
+           hint="a freed block keeps its content: a later prompt finds it")
+    r.step("free_sequence", 1)
+    r.step("free_sequence", 3)
+    r.step("allocate_for_sequence", 4, 16, token_ids=[1] * 16)
+    r.step("allocate_for_sequence", 5, 8, token_ids=system)
+    # Reuse after the free queue handed a cached block to someone else.
+    r = run(4, 2)
+    r.step("allocate_for_sequence", 0, 4, token_ids=[1, 2, 3, 4])
+    r.step("free_sequence", 0)
+    r.step("allocate_for_sequence", 1, 2, token_ids=[9, 9])
+    r.step("allocate_for_sequence", 2, 4, token_ids=[1, 2, 3, 4],
+           hint="a block the free queue handed out again holds new content")
+    r.step("allocate_for_sequence", 3, 2, token_ids=[1, 2])
+    r.step("free_sequence", 2)
+    r.step("free_sequence", 1)
+    r.step("allocate_for_sequence", 4, 6, token_ids=[1, 2, 3, 4, 9, 9])
+    # A miss in the middle stops the reuse; a prompt with no full block caches nothing.
+    r = run(10, 2)
+    r.step("allocate_for_sequence", 0, 6, token_ids=[1, 1, 2, 2, 3, 3])
+    r.step("allocate_for_sequence", 1, 6, token_ids=[1, 1, 7, 7, 3, 3])
+    r.step("free_sequence", 0)
+    r.step("allocate_for_sequence", 2, 6, token_ids=[1, 1, 7, 7, 3, 3])
+    r.step("allocate_for_sequence", 3, 1, token_ids=[1])
+    r.step("allocate_for_sequence", 4, 0, token_ids=[])
+    r.step("allocate_for_sequence", 5, 3, hint="without token_ids nothing is looked up or cached: it returns 0")
+    # Errors change nothing, and a cache hit on a free block counts against the pool.
+    r = run(4, 2)
+    r.step("allocate_for_sequence", 0, 4, token_ids=[1, 2, 3, 4])
+    r.step("free_sequence", 0)
+    r.step("allocate_for_sequence", 1, 2, token_ids=[8, 8])
+    r.step("allocate_for_sequence", 2, 8, token_ids=[1, 2, 3, 4, 5, 6, 7, 8],
+           hint="two cached free blocks and two new ones need four free blocks: too few is a RuntimeError")
+    r.step("allocate_for_sequence", 1, 2, token_ids=[8, 8])
+    r.step("allocate_for_sequence", 3, 3, token_ids=[1, 2],
+           hint="token_ids must hold exactly num_prompt_tokens ids: ValueError")
+    r.step("allocate_for_sequence", 3, 6, token_ids=[1, 2, 3, 4, 5, 6])
+    r.step("fork", 3, 4)
+    r.step("append_tokens", 4, 1)
+    r.step("free_sequence", 3)
+    r.step("free_sequence", 4)
+    r.step("allocate_for_sequence", 5, 5, token_ids=[1, 2, 3, 4, 5])
+
+
+def _random_prefix_scenarios(cls: Any, seeds: List[int]) -> None:
+    for seed in seeds:
+        rng = random.Random(seed)
+        bs = rng.choice([1, 2, 3])
+        run = Steps(cls, rng.randrange(5, 12), bs, prefix_caching=True, mistakes=CACHE_MISTAKES)
+        next_id = 0
+        for _ in range(30):
+            live = list(run.ref.seq_ids)
+            roll = rng.random()
+            if not live or roll < 0.4:
+                n = rng.randrange(0, 3 * bs + 2)
+                run.step("allocate_for_sequence", next_id, n, token_ids=[rng.choice([1, 2]) for _ in range(n)])
+                next_id += 1
+            elif roll < 0.5:
+                run.step("fork", rng.choice(live), next_id)
+                next_id += 1
+            elif roll < 0.7:
+                run.step("append_tokens", rng.choice(live), rng.randrange(0, bs + 2))
+            else:
+                run.step("free_sequence", rng.choice(live))
+
+
+def check_prefix_caching_allocator(cls: Any) -> None:
+    """Task 06.3: ``MyAllocator.allocate_for_sequence(seq_id, n, token_ids=...)`` reuses cached blocks like the library."""
+    _prefix_scenarios(cls)
+    _random_prefix_scenarios(cls, [31, 32, 33, 34, 35, 36])
+    passed("06.3")
+
+
+def _shared_prefix_workload() -> Tuple[List[List[int]], List[List[int]]]:
+    """Two waves of prompts behind one shared 72-token prefix (the second wave arrives after the first left)."""
+    from ..model import encode
+
+    prefix = encode("You are a careful assistant. Answer in one short line about blocks and caches. ")
+    questions = ["What is a block?", "Why copy on write?", "Who frees a block?", "When is a block full?",
+                 "How big is a block?", "Is the free queue FIFO?"]
+    prompts = [prefix + encode(q, bos=False) for q in questions]
+    return prompts[:3], prompts[3:]
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of K and V one token occupies in the cache, across every layer."""
+    cfg = model.config
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty((), dtype=model.dtype).element_size()
+
+
+def check_serves_shared_prefix(cls: Any) -> None:
+    """Task 06.3 (second check): the shared-prefix workload through ``engine_for`` with the learner's prefix cache.
+
+    Tokens must equal the no-cache reference; the learner's hit rate and K/V saved are printed
+    beside the library's, and must reach 90% of the library's.
+    """
+    from ..conformance import engine_for
+    from ..engine import Engine
+    from ..model import generate_no_cache, load_tiny_model
+
+    model = load_tiny_model()
+    waves = _shared_prefix_workload()
+    max_new, bs, blocks = 4, 4, 40
+    prompt_tokens = sum(len(p) for wave in waves for p in wave)
+    call = (f"engine_for(model, {NAME}, num_blocks={blocks}, block_size={bs}, enable_prefix_caching=True)"
+            f".generate(wave, {max_new}) for two waves of 3 prompts behind a shared {len(waves[0][0]) - 4}-token prefix")
+    with torch.no_grad():
+        want = [[generate_no_cache(model, p, max_new)] for wave in waves for p in wave]
+        mine = call_learner(cls, (blocks, bs), f"{NAME}({blocks}, {bs})", "an allocator object")
+        engine = call_learner(engine_for, (model, mine), call, "an engine", num_blocks=blocks, block_size=bs,
+                              enable_prefix_caching=True, watermark=0.0)
+        got: List[List[List[int]]] = []
+        for wave in waves:
+            outputs = call_learner(engine.generate, (wave, max_new), call, want)
+            got += [[list(s) for s in out.outputs] for out in outputs]
+        library = Engine(model, model.new_allocator(blocks, bs, enable_prefix_caching=True), watermark=0.0)
+        for wave in waves:
+            library.generate(wave, max_new)
+    if got != want:
+        raise fail(call, want, got, "the tokens differ from the no-cache reference: a prompt reused a block whose "
+                   "K/V is not the K/V of its own tokens at those positions")
+    per_token = kv_bytes_per_token(model)
+    yours, theirs = engine.totals.cached_tokens, library.totals.cached_tokens
+    figures = "\n".join(
+        f"{who}: {cached:4d} of {prompt_tokens} prompt tokens found cached ({cached / prompt_tokens:6.1%}), "
+        f"K/V not recomputed {cached * per_token / 1024:7.1f} KiB"
+        for who, cached in (("your MyAllocator", yours), ("the library     ", theirs)))
+    if yours < 0.9 * theirs:
+        raise fail(f"{call}\n{figures}", f"at least {math.ceil(0.9 * theirs)} prompt tokens found cached "
+                   f"(90% of the library's {theirs})", yours,
+                   "the second wave's prompts start with the blocks the first wave left in the pool: "
+                   "a freed block's content stays findable")
+    if SHOW_FIGURES:
+        print(figures)
     passed("06.3")
 
 
 # --------------------------------------------------------------------------- 06.4
-def check_longest_cached_prefix(longest_cached_prefix: Callable[[List[bytes], Dict[bytes, int]], List[int]]) -> None:
-    """Task 06.4: ``longest_cached_prefix(keys, cached)`` -> block ids of the leading run of hits."""
-    bs = 4
-    alloc = PagedKVCacheAllocator(24, bs, 1, 1, allocate_cache=False)
-    system = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-    prompts = {0: system + [11, 12, 13, 14, 15, 16], 1: system + [20, 21], 2: [1, 2, 3, 4, 99, 98, 97, 96, 5, 6, 7, 8],
-               3: [42] * 9}
-    for seq_id, tokens in prompts.items():
-        alloc.allocate_for_sequence(seq_id, len(tokens), token_ids=tokens)
-    alloc.free_sequence(0)
-    alloc.free_sequence(3)
-    queries = [
-        system + [11, 12, 13, 14, 15, 16, 17],  # all of request 0's blocks (cached, free)
-        system + [20, 21, 22],                  # shared system blocks, then request 1's own
-        [1, 2, 3, 4, 5, 6, 7, 8, 99, 98, 97, 96],  # [99, 98, 97, 96] is cached, after another prefix
-        [1, 2, 3, 4, 99, 98, 97, 96, 5, 6, 7, 8, 0],
-        [7, 7, 7, 7, 1, 2, 3, 4],                # first block misses: nothing usable
-        [42] * 8,
-        [1, 2, 3],                               # no full block at all
-    ]
-    hint = ("walk the keys in order and stop at the first one not in `cached`; return the block ids "
-            "found before it (a block after a miss was computed after a different prefix)")
-    # Tiny hand-made dictionaries: a later key present after a miss must not count.
-    keys = chain_keys(list(range(16)), bs)
-    for cached, want in (({keys[0]: 5, keys[2]: 9}, [5]), ({keys[1]: 3, keys[2]: 4, keys[3]: 6}, []),
-                         ({k: 10 + i for i, k in enumerate(keys)}, [10, 11, 12, 13]), ({}, [])):
-        call = f"longest_cached_prefix(chain_keys(list(range(16)), {bs}), cached) with cached holding keys " \
-               f"{sorted(keys.index(k) for k in cached)}"
-        got = call_learner(longest_cached_prefix, (list(keys), dict(cached)), call, want)
-        expect_equal(call, want, list(got) if isinstance(got, (list, tuple)) else got, hint)
-    # The real allocator's prefix cache, queried with prompts that hit it in different ways.
-    for n, tokens in enumerate(queries):
-        keys = chain_keys(tokens, bs)
-        cached = {b.block_hash: b.block_id for b in alloc.blocks if b.block_hash is not None}
-        seq_id = 100 + n
-        hit_tokens = alloc.allocate_for_sequence(seq_id, len(tokens), token_ids=tokens)
-        want = alloc.get_block_mapping(seq_id)[: hit_tokens // bs]
-        alloc.free_sequence(seq_id)
-        call = f"longest_cached_prefix(chain_keys({tokens}, {bs}), cached)"
-        given = dict(cached)
-        got = call_learner(longest_cached_prefix, (list(keys), given), call, want)
-        got = list(got) if isinstance(got, (list, tuple)) else got
-        expect_equal(call, want, got, hint)
-        if given != cached:
-            raise fail(call, "cached left unchanged", "cached was modified", "only read the cache")
+EVICTION_CAPACITY = 32  # cached blocks the pool can keep
+
+
+def eviction_trace(seed: int, num_requests: int = 200) -> List[List[int]]:
+    """Requests as chains of block contents (ints): a few popular shared prefixes, private tails, and long one-off scans."""
+    rng = random.Random(seed)
+    counter = iter(range(1, 10 ** 9))
+    systems = [[next(counter) for _ in range(6)] for _ in range(3)]
+    requests = []
+    for _ in range(num_requests):
+        if rng.random() < 0.15:  # a long document nobody asks about again
+            requests.append([next(counter) for _ in range(rng.randint(18, 26))])
+            continue
+        shared = systems[rng.choices(range(3), weights=[5, 3, 2])[0]] if rng.random() < 0.8 else []
+        requests.append(list(shared) + [next(counter) for _ in range(rng.randint(1, 5))])
+    return requests
+
+
+Order = Callable[[List[Dict[str, int]]], List[int]]
+
+
+def simulate_eviction(order: Order, requests: List[List[int]], capacity: int = EVICTION_CAPACITY,
+                      *, describe: str = "eviction_order") -> float:
+    """Serve ``requests`` one after another from a pool of ``capacity`` blocks; returns the block hit rate.
+
+    A request reuses the cached blocks of its longest cached prefix; each of its other blocks takes
+    an empty block, or else evicts a cached block no longer in use, in the order ``order`` returns.
+    """
+    cache: Dict[int, Dict[str, int]] = {}  # content -> what a candidate shows
+    hits = total = 0
+    for now, chain in enumerate(requests):
+        found = 0
+        while found < len(chain) and chain[found] in cache:
+            found += 1
+        hits += found
+        total += len(chain)
+        for content in chain[:found]:
+            cache[content]["last_used"] = now
+            cache[content]["uses"] += 1
+        excess = len(cache) + len(chain) - found - capacity
+        if excess > 0:
+            in_use = set(chain[:found])
+            candidates = [dict(info) for content, info in cache.items() if content not in in_use]
+            call = f"{describe}(<{len(candidates)} candidates at request {now}>)"
+            ids = sorted(c["block"] for c in candidates)
+            got = call_learner(order, (candidates,), call, "a list of the candidates' block ids")
+            if type(got) is not list or not all(is_int(b) for b in got) or sorted(got) != ids:
+                raise fail(call, f"the {len(ids)} candidates' block ids, each once, in eviction order", got,
+                           "return every candidate's 'block' exactly once, first the one to evict first")
+            for block_id in got[:excess]:
+                del cache[block_id]
+        for depth, content in enumerate(chain[found:], start=found):
+            cache[content] = {"block": content, "position": depth, "last_used": now, "uses": 1, "cached_at": now}
+    return hits / total
+
+
+def lru_order(candidates: List[Dict[str, int]]) -> List[int]:
+    """Least recently used first (ties: the block cached first goes first)."""
+    return [c["block"] for c in sorted(candidates, key=lambda c: (c["last_used"], c["cached_at"], c["position"]))]
+
+
+def library_order(candidates: List[Dict[str, int]]) -> List[int]:
+    """The library's free queue: least recently released first, a request's last block before its first."""
+    return [c["block"] for c in sorted(candidates, key=lambda c: (c["last_used"], -c["position"]))]
+
+
+EVICTION_SEEDS = (64, 65)
+EVICTION_MARGIN = 0.04  # hit rate the learner's order must add over LRU's, on every trace
+
+
+def check_eviction_order(eviction_order: Order) -> None:
+    """Task 06.4 (design): an eviction order whose hit rate beats LRU's by ``EVICTION_MARGIN`` on each trace."""
+    for seed in EVICTION_SEEDS:
+        requests = eviction_trace(seed)
+        lru = simulate_eviction(lru_order, requests)
+        lib = simulate_eviction(library_order, requests)
+        yours = simulate_eviction(eviction_order, requests)
+        figures = f"trace {seed}: block hit rate  yours {yours:6.1%}   LRU {lru:6.1%}   the library's free queue {lib:6.1%}"
+        if yours < lru + EVICTION_MARGIN:
+            raise fail(f"simulate_eviction(eviction_order, eviction_trace({seed}))\n{figures}",
+                       f"a hit rate of at least {lru + EVICTION_MARGIN:.1%} (LRU's {lru:.1%} + {EVICTION_MARGIN:.0%})",
+                       f"{yours:.1%}", "look at which blocks the trace asks for again, and which it never does: "
+                       "what does a candidate's record say about that?")
+        if SHOW_FIGURES:
+            print(figures)
     passed("06.4")
 
 
@@ -275,10 +663,16 @@ def _check_one_removal(remove: Callable, queue: FreeBlockQueue, block_id: int, s
     call = (f"remove_from_free_queue(prev, next_, {block_id})  with the queue {order if len(order) <= 16 else '<' + str(len(order)) + ' blocks>'}"
             f" (sentinel {size})")
     given_prev, given_next = CountingList(prev), CountingList(nxt)
-    queued = block_id in queue
+    queued = 0 <= block_id < size and block_id in queue
     if not queued:
-        expect_raises(remove, (given_prev, given_next, block_id), call, ValueError,
-                      f"block {block_id} is not in the queue: raise ValueError")
+        if block_id == size:
+            why = f"{size} is the sentinel, not a block: removing it would cut the queue off from its ends"
+        elif not 0 <= block_id < size:
+            why = (f"{block_id} is not a block id (they are 0..{size - 1}); a negative index would reach "
+                   "the entries at the end of the lists")
+        else:
+            why = f"block {block_id} is not in the queue"
+        expect_raises(remove, (given_prev, given_next, block_id), call, ValueError, why + ": raise ValueError")
         if given_prev.values != prev or given_next.values != nxt:
             raise fail(call + "  -> the arrays afterwards", "unchanged", "changed",
                        "a removal that fails must change nothing")
@@ -310,11 +704,13 @@ def _check_one_removal(remove: Callable, queue: FreeBlockQueue, block_id: int, s
 
 
 def check_remove_from_free_queue(remove_from_free_queue: Callable[[List[int], List[int], int], None]) -> None:
-    """Task 06.5: ``remove_from_free_queue(prev, next_, block_id)`` unlinks a block in O(1)."""
+    """Task 06.5: ``remove_from_free_queue(prev, next_, block_id)`` unlinks a block in O(1); refuses the
+    sentinel, ids that are not blocks, and blocks that are not queued."""
     rng = random.Random(9)
     size = 8
     queue = FreeBlockQueue(size, [3, 0, 5, 1, 7])
-    for block_id in (5, 3, 7, 2, 5, 0, 1):  # middle, head, tail, never queued, removed twice, the last two
+    for block_id in (5, 8, -1, 9, NOT_QUEUED, 3, 7, 2, 5, 0, 1):  # middle, the sentinel, not block ids, head,
+        # tail, never queued, removed twice, the last two
         _check_one_removal(remove_from_free_queue, queue, block_id, size)
     for size in (12, 40, 400):
         ids = list(range(size))

@@ -1,0 +1,10 @@
+# expect: return the digest itself
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
+def salted_block_key(parent_key, token_ids, extra_key=None):
+    """SHA-256 over the parent key (the root key when None), the length-framed salt, and the tokens."""
+    message = bytearray(bytes(32) if parent_key is None else parent_key)
+    if extra_key:
+        message += len(extra_key).to_bytes(8, "little") + extra_key
+    for token in token_ids:
+        message += int(token).to_bytes(8, "little", signed=True)
+    return hashlib.sha256(bytes(message)).hexdigest()
