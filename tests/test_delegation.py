@@ -23,6 +23,7 @@ FORBIDDEN = (
     "paged_kv_lib.allocator",
     "paged_kv_lib.prefix_cache",
     "paged_kv_lib.free_queue",
+    "paged_kv_lib.course.starters.after_06",
 )
 
 
@@ -46,10 +47,10 @@ def guarded(monkeypatch):
 
 DELEGATIONS = {
     "subclassing a starter": (
-        "from paged_kv_lib.conformance.starter import SharingStarterAllocator\n"
-        "class MyAllocator(SharingStarterAllocator):\n    pass\n", "MyAllocator"),
+        "from paged_kv_lib.course.starters.after_06 import AllocatorAfter06\n"
+        "class MyAllocator(AllocatorAfter06):\n    pass\n", "MyAllocator"),
     "aliasing a starter": (
-        "from paged_kv_lib.conformance.starter import GrowingStarterAllocator as MyAllocator\n", "MyAllocator"),
+        "from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as MyAllocator\n", "MyAllocator"),
     "a wrapper holding the library allocator": (
         "from paged_kv_lib.allocator import PagedKVCacheAllocator\n"
         "class MyAllocator:\n"
@@ -68,8 +69,8 @@ DELEGATIONS = {
         "    def num_free_blocks(self):\n"
         "        return INNER.num_free_blocks()\n", "MyAllocator"),
     "a library method bound onto the class": (
-        "from paged_kv_lib.conformance.starter import SharingStarterAllocator as S\n"
-        "class MyAllocator:\n    fork = S.fork\n", "MyAllocator"),
+        "from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as S\n"
+        "class MyAllocator:\n    append_tokens = S.append_tokens\n", "MyAllocator"),
     "the reference function itself": (
         "from paged_kv_lib.grading import triton_decode\n"
         "tile_addresses = triton_decode.reference_addresses\n", "tile_addresses"),
@@ -146,7 +147,7 @@ def test_the_learners_own_code_reaches_the_check(guarded):
 
 
 def test_an_earlier_starter_is_allowed(monkeypatch):
-    monkeypatch.setattr(delegation, "forbidden_modules", lambda exercise: ("paged_kv_lib.conformance.starter",))
+    monkeypatch.setattr(delegation, "forbidden_modules", lambda exercise: ("paged_kv_lib.course.starters.after_05",))
     check = delegation.guarded(a_check, "checks_05")
     learner = cell("from paged_kv_lib.block_table import BlockTable\nclass MyAllocator(BlockTable):\n    pass\n")
     assert check(learner["MyAllocator"])[0] == "checked"
@@ -182,8 +183,8 @@ def test_checks_fetched_from_the_package_are_guarded(monkeypatch):
     original = getattr(__import__(f"paged_kv_lib.grading.{grading._CHECKS[name]}", fromlist=[name]), name)
     assert check is not original and check.__wrapped__ is original
     assert inspect.signature(check) == inspect.signature(original) and check.__doc__ == original.__doc__
-    learner = cell("from paged_kv_lib.conformance.starter import SharingStarterAllocator as MyAllocator\n")
-    with pytest.raises(CheckFailure, match="^uses paged_kv_lib.conformance.starter: "):
+    learner = cell("from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as MyAllocator\n")
+    with pytest.raises(CheckFailure, match="^uses paged_kv_lib.course.starters.after_06: "):
         check(learner["MyAllocator"])
     monkeypatch.delitem(vars(grading), name)
 
@@ -203,4 +204,4 @@ def test_the_exercise_authors_helper_sees_the_refusal(guarded):
     from tests.exercises.check_helpers import refused
 
     learner = cell(DELEGATIONS["aliasing a starter"][0])["MyAllocator"]
-    assert refused(guarded, learner, "paged_kv_lib.conformance.starter").endswith("are allowed)")
+    assert refused(guarded, learner, "paged_kv_lib.course.starters.after_06").endswith("are allowed)")

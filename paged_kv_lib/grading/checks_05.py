@@ -31,7 +31,6 @@ FORBIDDEN = (
     "paged_kv_lib.conformance.differential",
     "paged_kv_lib.conformance.engine",
     "paged_kv_lib.conformance.simulation",
-    "paged_kv_lib.conformance.starter",
     "paged_kv_lib.allocator",
     "paged_kv_lib.block_manager",
     "paged_kv_lib.free_queue",

@@ -13,8 +13,7 @@ from typing import Iterable, List
 from ..._validate import as_fraction
 from ...errors import InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
 
-# at merge: from .after_03 import AllocatorAfter03
-from ...conformance.starter import SharingStarterAllocator as AllocatorAfter03
+from .after_03 import AllocatorAfter03
 
 __all__ = ["AllocatorAfter05"]
 
