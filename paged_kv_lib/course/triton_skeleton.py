@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 16  # tokens per tile (tl.dot needs at least 16 rows)
+BLOCK_N = 16  # tokens per tile (a matrix product wants at least 16 rows)
 GUARD_BLOCKS = 2  # NaN blocks on each side of a cache
 TABLE_PAD = 4  # trap columns after each block-table row (and one trap row after the last)
 
