@@ -186,7 +186,7 @@ def _fold_cases() -> tuple[list[str], torch.Tensor, torch.Tensor]:
     return [w for w, _ in rows], scores, values
 
 
-def _trajectory(scores: torch.Tensor, values: torch.Tensor, **mistake: bool) -> tuple[torch.Tensor, ...]:
+def _trajectory(scores: torch.Tensor, values: torch.Tensor, **mistake: Any) -> tuple[torch.Tensor, ...]:
     rows, tiles = scores.shape[:2]
     m = torch.empty(rows, tiles)
     l_out = torch.empty(rows, tiles)
