@@ -31,6 +31,8 @@ import triton.language as tl
 BLOCK_N = 16  # tokens per tile (a matrix product wants at least 16 rows)
 GUARD_BLOCKS = 2  # NaN blocks on each side of a cache
 TABLE_PAD = 4  # trap columns after each block-table row (and one trap row after the last)
+# Passed explicitly, as the library's launchers do: Triton 3.9 warns on stderr when a launch leaves it unset.
+FP_FUSION = True
 
 
 def _device_for(t: torch.Tensor) -> torch.device:
@@ -94,7 +96,8 @@ def tile_addresses_table(tile_addresses: Any, block_tables: torch.Tensor, seq_le
     if num_seqs:
         _address_driver[(num_seqs, num_q_heads)](
             table, lens, rows, valid, table.stride(0), block_tables.shape[1], num_blocks, *strides, num_positions,
-            GROUP=num_q_heads // num_kv_heads, BLOCK_SIZE=block_size, TILE=BLOCK_N, ADDRESSES=tile_addresses)
+            GROUP=num_q_heads // num_kv_heads, BLOCK_SIZE=block_size, TILE=BLOCK_N, ADDRESSES=tile_addresses,
+            enable_fp_fusion=FP_FUSION)
     return rows.cpu(), valid.cpu().bool()
 
 
@@ -136,7 +139,7 @@ def fold_tiles(fold_tile: Any, scores: torch.Tensor,
     l_out = torch.full((rows, tiles), float("nan"), device=device)
     acc = torch.full((rows, tiles, d), float("nan"), device=device)
     if rows and tiles:
-        _fold_driver[(rows,)](s, v, m, l_out, acc, tiles, TILE=tile, D=d, FOLD=fold_tile)
+        _fold_driver[(rows,)](s, v, m, l_out, acc, tiles, TILE=tile, D=d, FOLD=fold_tile, enable_fp_fusion=FP_FUSION)
     return m.cpu(), l_out.cpu(), acc.cpu()
 
 
@@ -192,12 +195,12 @@ def paged_decode(
             qd.stride(0), qd.stride(1), k_view.stride(0), k_view.stride(1), k_view.stride(2), table.stride(0),
             out.stride(0), out.stride(1),
             GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_G=max(16, _pow2(group)),
-            BLOCK_N=BLOCK_N, NUM_SPLITS=num_splits,
+            BLOCK_N=BLOCK_N, NUM_SPLITS=num_splits, enable_fp_fusion=FP_FUSION,
         )
         if num_splits > 1:
             merge[(num_seqs, num_q_heads)](
                 out, part_acc, part_max, part_sum, num_q_heads, out.stride(0), out.stride(1),
-                HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+                HEAD_DIM=head_dim, NUM_SPLITS=num_splits, enable_fp_fusion=FP_FUSION,
             )
     result = out.to(home)
     if partials:

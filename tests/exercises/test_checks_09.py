@@ -265,3 +265,51 @@ def test_the_skeleton_holds_no_answer():
     source = Path(triton_skeleton.__file__).read_text(encoding="utf-8")
     for word in ["tl.exp", "tl.dot", "tl.maximum", "// BLOCK_SIZE", "% BLOCK_SIZE"]:
         assert word not in source
+
+
+# --------------------------------------------------------------------------- the same cells compile for a GPU
+_COMPILE = r'''
+import importlib.util, json, pathlib, sys, tempfile
+import torch
+sys.path.insert(0, str(pathlib.Path(sys.argv[1]) / "benchmarks"))
+from kernel_resources import _toolchain, use_standin_driver
+if not _toolchain():
+    print("SKIP no NVIDIA toolchain"); sys.exit(0)
+use_standin_driver()
+from paged_kv_lib.course import triton_skeleton as sk
+cells = json.loads(pathlib.Path(sys.argv[2]).read_text())["cells"]
+src = "import math\nimport torch\nimport triton\nimport triton.language as tl\n\n" + "\n\n".join(
+    "".join(c["source"]) for c in cells if c.get("metadata", {}).get("paged_kv", {}).get("task") in ("09.1", "09.2", "09.4")
+    and c["metadata"]["paged_kv"]["role"] == "solution")
+path = pathlib.Path(tempfile.mkdtemp()) / "sol09.py"
+path.write_text(src)
+spec = importlib.util.spec_from_file_location("sol09", path)
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+i32, f32 = torch.empty(8, dtype=torch.int32), torch.empty(8)
+sk._address_driver.warmup(i32, i32, torch.empty(8, dtype=torch.int64), torch.empty(8, dtype=torch.int8), 8, 4, 10,
+                          512, 64, 16, 32, GROUP=2, BLOCK_SIZE=4, TILE=16, ADDRESSES=m.tile_addresses, grid=(1,))
+sk._fold_driver.warmup(f32, f32, f32, f32, f32, 3, TILE=8, D=16, FOLD=m.fold_tile, grid=(1,))
+for dt in (torch.float32, torch.bfloat16):
+    q, kc = torch.empty(2, 8, 64, dtype=dt), torch.empty(8, 2, 16, 64, dtype=dt)
+    for splits in (1, 4):
+        m.paged_decode_kernel.warmup(q, kc, kc, i32, i32, q, f32, f32, f32, 0.1, 9, 4, 8, 512, 64, 2048, 1024, 64, 8,
+                                     512, 64, GROUP=4, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_N=16,
+                                     NUM_SPLITS=splits, grid=(1,))
+    m.merge_splits_kernel.warmup(q, f32, f32, f32, 8, 512, 64, HEAD_DIM=64, NUM_SPLITS=4, grid=(1,))
+print("COMPILED")
+'''
+
+
+def test_the_solution_kernels_compile_for_sm90():
+    """No GPU needed: Triton's NVIDIA pipeline with a stand-in driver (DESIGN.md section 6)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE, str(REPO), str(NOTEBOOK)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    if "SKIP" in done.stdout:
+        pytest.skip("Triton's NVIDIA toolchain is not installed")
+    assert "COMPILED" in done.stdout, done.stderr[-3000:]
