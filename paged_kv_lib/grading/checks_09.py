@@ -229,7 +229,7 @@ def check_split_k_decode(split_k_decode: Callable[..., torch.Tensor]) -> None:
                     "-inf maximum met another -inf, or an exponential overflowed")
         elif int(b.seq_lens[i]) == 0:
             hint = "a sequence of length 0 attends to nothing: its output row is all zeros"
-        elif group > 1 and matches(got, _decode_with_kv_head(b, used, lambda hh, g, kv=b.k_cache.shape[1]: hh % kv),
+        elif group > 1 and matches(got, _decode_with_kv_head(b, used, lambda hh, g: hh % b.k_cache.shape[1]),
                                     b.q.dtype):
             hint = ("the wrong grouped-query head: consecutive query heads share a K/V head "
                     f"(here {group} query heads per K/V head)")
