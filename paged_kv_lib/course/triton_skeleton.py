@@ -182,19 +182,23 @@ def paged_decode(
     k_view, v_view = (_guarded(c, device) for c in (k_cache, v_cache))
     table = _padded_table(block_tables, trap, device)
     lens = seq_lens.to(device=device, dtype=torch.int32).contiguous()
-    qd = q.to(device).contiguous()
-    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
-    part_max = torch.full((num_seqs, num_q_heads, num_splits), float("nan"), device=device)
-    part_sum = torch.full_like(part_max, float("nan"))
-    part_acc = torch.full((num_seqs, num_q_heads, num_splits, head_dim), float("nan"), device=device)
     group = num_q_heads // num_kv_heads
+    rows = max(16, _pow2(group))  # BLOCK_G: the query rows one program may touch, GROUP of them real
+    # Each buffer is a view into a longer one: what a program reads or writes past the end lands there.
+    qd, _ = _with_tail(q.shape, q.dtype, device, rows * head_dim, 0.0)
+    qd.copy_(q)
+    out, out_tail = _with_tail(q.shape, q.dtype, device, rows * head_dim)
+    part_max, max_tail = _with_tail((num_seqs, num_q_heads, num_splits), torch.float32, device, rows * num_splits)
+    part_sum, sum_tail = _with_tail((num_seqs, num_q_heads, num_splits), torch.float32, device, rows * num_splits)
+    part_acc, acc_tail = _with_tail((num_seqs, num_q_heads, num_splits, head_dim), torch.float32, device,
+                                    rows * num_splits * head_dim)
     if num_seqs:
         kernel[(num_seqs, num_kv_heads, num_splits)](
             qd, k_view, v_view, table, lens, out, part_acc, part_max, part_sum,
             scale, num_blocks + 1, block_tables.shape[1], num_q_heads,
             qd.stride(0), qd.stride(1), k_view.stride(0), k_view.stride(1), k_view.stride(2), table.stride(0),
             out.stride(0), out.stride(1),
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_G=max(16, _pow2(group)),
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_G=rows,
             BLOCK_N=BLOCK_N, NUM_SPLITS=num_splits, enable_fp_fusion=FP_FUSION,
         )
         if num_splits > 1:
@@ -202,10 +206,22 @@ def paged_decode(
                 out, part_acc, part_max, part_sum, num_q_heads, out.stride(0), out.stride(1),
                 HEAD_DIM=head_dim, NUM_SPLITS=num_splits, enable_fp_fusion=FP_FUSION,
             )
+    for name, tail in (("out", out_tail), ("part_max", max_tail), ("part_sum", sum_tail), ("part_acc", acc_tail)):
+        if not bool(torch.isnan(tail.float()).all()):
+            raise RuntimeError(f"the kernel wrote past the end of {name}: a store reached rows that do not exist "
+                               "(query heads past the group's GROUP, or past the last sequence)")
     result = out.to(home)
     if partials:
         return result, (part_max.cpu(), part_sum.cpu(), part_acc.cpu())
     return result
+
+
+def _with_tail(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device, tail: int,
+               fill: float = float("nan")) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A contiguous tensor of ``shape`` followed in memory by ``tail`` more elements; returns both views."""
+    size = math.prod(shape)
+    flat = torch.full((size + tail,), fill, dtype=dtype, device=device)
+    return flat[:size].view(shape), flat[size:]
 
 
 def _guarded(cache: torch.Tensor, device: torch.device) -> torch.Tensor:

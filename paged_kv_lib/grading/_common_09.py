@@ -48,6 +48,7 @@ def unwrap(report: Any, call: str, expected: Any, task: str) -> Any:
             found = _UNWRITTEN.search(message)
             raise TaskNotWrittenError(found.group(1) if found else task)
         first = message.strip().splitlines()[-1] if message.strip() else ""
-        raise fail(call, expected, f"it raised {kind}: {first[:600]}",
-                   "the kernel did not run: read the error (a shape, a dtype, a name the kernel does not know)")
+        hint = ("a store must be masked to the rows that exist" if "wrote past the end" in message else
+                "the kernel did not run: read the error (a shape, a dtype, a name the kernel does not know)")
+        raise fail(call, expected, f"it raised {kind}: {first[:600]}", hint)
     raise fail(call, expected, report, "the probe gave no answer: did the cell replace the course's launcher?")
