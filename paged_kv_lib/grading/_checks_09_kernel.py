@@ -179,6 +179,8 @@ _DECODE_MISTAKES = [
 ]
 _SIXTEEN_BITS = ("close, but not float32 close: part of the arithmetic ran in 16 bits; the contract computes "
                  "in float32 from the loads on")
+_BF16_DOT = ("right in float32, wrong in bfloat16: under the interpreter tl.dot multiplies bfloat16 "
+             "operands wrongly, and the contract computes in float32 from the loads on")
 _MERGE_MISTAKES = [
     ("merge_no_rescale", "the merge adds the splits' sums without rescaling each to the largest maximum"),
     ("merge_first", "the merge used only the first split"),
@@ -243,6 +245,8 @@ def check_paged_decode_kernel(paged_decode_kernel: Any, merge_splits_kernel: Any
                             "(max, sum, acc) in the part_* buffers, and the merge kernel combines them")
                 elif hint is None and bool(_parts_ok(parts, want_parts, 3e-2).all()):
                     hint = _SIXTEEN_BITS
+                elif hint is None and b.q.dtype == torch.bfloat16:
+                    hint = _BF16_DOT
                 raise fail(where, _state_text(want_parts, i, h, s), _state_text(parts, i, h, s),
                            hint or "this split's state is not the online-softmax state of its chunk's tokens")
         good = close(out, want, b.q.dtype)
@@ -261,6 +265,8 @@ def check_paged_decode_kernel(paged_decode_kernel: Any, merge_splits_kernel: Any
                 hint = "NaN: something was read that no mask should have let through (unused memory holds NaN here)"
             elif hint is None and b.q.dtype == torch.float32 and bool(_same(out, want, 3e-2).all()):
                 hint = _SIXTEEN_BITS
+            elif hint is None and b.q.dtype == torch.bfloat16:
+                hint = _BF16_DOT
             hint = hint or "not softmax attention of this query head over its sequence's tokens"
         raise fail(where, want[i, h], out[i, h], hint)
     passed("09.4")
