@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..attention import paged_attention_reference
-from ..attention.testing import TOLERANCES, PagedBatch, make_paged_batch
+from ..attention.testing import PagedBatch, make_paged_batch
 from ._common import fail, passed, run_probe
 from ._common_09 import close, describe, matches, unwrap
 from .probes import triton_paged_decode
@@ -272,4 +272,4 @@ def check_paged_decode_kernel(paged_decode_kernel: Any, merge_splits_kernel: Any
     passed("09.4")
 
 
-__all__ = ["TOLERANCES", "check_paged_decode_kernel"]
+__all__ = ["check_paged_decode_kernel", "split_tokens"]
