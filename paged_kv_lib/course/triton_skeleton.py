@@ -216,6 +216,11 @@ def paged_decode(
     return result
 
 
+def paged_decode_with_partials(kernel: Any, merge: Any, *args: Any) -> Any:
+    """:func:`paged_decode` with ``partials=True``: ``(out, (max, sum, acc))`` (what exercise 09's check reads)."""
+    return paged_decode(kernel, merge, *args, partials=True)
+
+
 def _with_tail(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device, tail: int,
                fill: float = float("nan")) -> Tuple[torch.Tensor, torch.Tensor]:
     """A contiguous tensor of ``shape`` followed in memory by ``tail`` more elements; returns both views."""

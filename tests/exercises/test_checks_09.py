@@ -313,3 +313,13 @@ def test_the_solution_kernels_compile_for_sm90():
     if "SKIP" in done.stdout:
         pytest.skip("Triton's NVIDIA toolchain is not installed")
     assert "COMPILED" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_probe_given_a_judge_proxy_reports_instead_of_launching():
+    from paged_kv_lib.grading import probes
+
+    class Remote:  # the judge's proxy: a learner object that stayed in the kernel
+        __slots__ = ("_caller", "_key", "_kind")
+
+    report = probes.triton_fold_tiles(Remote(), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8, 16))
+    assert report[0] == "raised" and "outside the learner's kernel" in report[2]
