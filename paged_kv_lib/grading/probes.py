@@ -50,3 +50,34 @@ def attribute_entries_alias(obj: Any, attribute: str, key_a: Any, key_b: Any) ->
         return mapping[key_a] is mapping[key_b]
     except Exception:  # noqa: BLE001 - a probe reports, it never raises on the learner's state
         return False
+
+
+def _triton_report(launcher: str, *args: Any) -> Any:
+    """``("ok", value)`` from ``triton_skeleton.<launcher>(*args)``, or ``("raised", type name, message)``:
+    a learner's Triton code that raises (an untouched task, a compile error) is reported, never raised."""
+    if any(type(a).__name__ == "Remote" and "_key" in getattr(type(a), "__slots__", ()) for a in args):
+        # A proxy of a kernel object reached this process: the judge ran the probe here, not in the kernel.
+        return ("raised", "RuntimeError", "the grader cannot launch a Triton kernel from outside the learner's "
+                "kernel: this check needs the judge to run its probe there")
+    try:
+        from ..course import triton_skeleton
+
+        return ("ok", getattr(triton_skeleton, launcher)(*args))
+    except Exception as exc:  # noqa: BLE001 - every failure of the learner's kernel is the answer
+        return ("raised", type(exc).__name__, str(exc)[:4000])
+
+
+def triton_tile_addresses(tile_addresses: Any, *args: Any) -> Any:
+    """Exercise 09.1: run the learner's ``@triton.jit`` ``tile_addresses`` through the course's driver
+    kernel (:func:`paged_kv_lib.course.triton_skeleton.tile_addresses_table`)."""
+    return _triton_report("tile_addresses_table", tile_addresses, *args)
+
+
+def triton_fold_tiles(fold_tile: Any, *args: Any) -> Any:
+    """Exercise 09.2: run the learner's ``@triton.jit`` ``fold_tile`` through the course's driver kernel."""
+    return _triton_report("fold_tiles", fold_tile, *args)
+
+
+def triton_paged_decode(kernel: Any, merge: Any, *args: Any) -> Any:
+    """Exercise 09.4: launch the learner's decode and merge kernels; ``("ok", (out, (max, sum, acc)))``."""
+    return _triton_report("paged_decode_with_partials", kernel, merge, *args)
