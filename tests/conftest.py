@@ -81,11 +81,6 @@ SLOW_TESTS = {
     "exercises/test_checks_06.py::test_allocator_conforms_catches_a_fork_without_counts",
     "exercises/test_checks_06.py::test_allocator_conforms_correct",
     "exercises/test_checks_08.py::test_memory_parts_correct",
-    "exercises/test_checks_09.py::test_tile_addresses_correct",  # the Triton interpreter
-    "exercises/test_checks_09.py::test_tile_addresses_wrong",
-    "exercises/test_checks_09.py::test_tile_addresses_points_at_the_token",
-    "exercises/test_checks_09.py::test_fold_tile_correct",
-    "exercises/test_checks_09.py::test_fold_tile_wrong",
     "test_simulate_cli.py::test_plot_is_written",
 }
 

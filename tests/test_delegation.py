@@ -23,6 +23,7 @@ FORBIDDEN = (
     "paged_kv_lib.allocator",
     "paged_kv_lib.prefix_cache",
     "paged_kv_lib.free_queue",
+    "paged_kv_lib.attention.triton_kernel",
     "paged_kv_lib.course.starters.after_06",
 )
 
@@ -72,10 +73,10 @@ DELEGATIONS = {
         "from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as S\n"
         "class MyAllocator:\n    append_tokens = S.append_tokens\n", "MyAllocator"),
     "the reference function itself": (
-        "from paged_kv_lib.grading import triton_decode\n"
-        "tile_addresses = triton_decode.reference_addresses\n", "tile_addresses"),
+        "from paged_kv_lib.attention import triton_kernel\n"
+        "tile_addresses = triton_kernel._kv_tile_offsets\n", "tile_addresses"),
     "a function calling the reference": (
-        "from paged_kv_lib.grading.triton_decode import reference_addresses\n"
+        "from paged_kv_lib.attention.triton_kernel import _kv_tile_offsets as reference_addresses\n"
         "def tile_addresses(*args):\n    return reference_addresses(*args)\n", "tile_addresses"),
     "block_key called from a solution": (
         "import paged_kv_lib\n"
