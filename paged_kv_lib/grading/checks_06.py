@@ -24,10 +24,8 @@ from ._common import call_learner, expect_raises, fail, is_int, passed
 from ._steps import NAME, Mistake, Steps
 from .checks_05 import random_scenarios, serve_through_engine
 
-#: Print the learner's figures beside the library's on success too (06.3's hit rate, 06.4's hit rates).
-#: Off while the notebook validator allows a check cell no output but its ``PASSED NN.k`` line; a
-#: failure always shows them.
-SHOW_FIGURES = False
+# The learner's figures beside the library's are printed on success too, before the PASSED line.
+SHOW_FIGURES = True
 
 #: What a solution of exercise 06 may not use (see :mod:`paged_kv_lib.grading.delegation`): the code
 #: that implements sharing, prefix caching and the free queue, and the starters of exercise 06 and later.

@@ -414,9 +414,8 @@ View = List[Tuple[int, int, int]]  # (request_id, tokens_held, tokens_to_go), ol
 # A policy passes when it recomputes at most this share of what newest-first recomputes, summed
 # over the check's workloads (newest-first is the engine's rule; cheaper policies reach about 0.76).
 RECOMPUTE_THRESHOLD = 0.9
-# A check cell's stored output must be its PASSED line alone (notebook_tasks' gate), so on success the
-# figures are not printed; a failure always shows them. Turn on once the gate accepts lines before it.
-PRINT_FIGURES_ON_PASS = False
+# The learner's figures beside the library's are printed on success too, before the PASSED line.
+PRINT_FIGURES_ON_PASS = True
 
 
 class _PolicyBroke(Exception):
