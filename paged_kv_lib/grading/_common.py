@@ -230,3 +230,12 @@ def run_probe(probe: Callable[..., Any], *args: Any) -> Any:
     gives the grader the same verdict as the notebook.
     """
     return probe(*args)
+
+
+def under_judge(value: Any) -> bool:
+    """Whether ``value`` is the judge's stand-in for a learner object (official grading), not the object itself.
+
+    Figures a check prints only for the learner to read (nobody reads them under the grader) are
+    skipped then, when they would cost many calls into the learner's kernel.
+    """
+    return type(value).__module__.startswith("paged_kv_lib.grading.")

@@ -32,6 +32,7 @@ from ._common import (
     is_int,
     not_written,
     passed,
+    under_judge,
 )
 
 # What a solution of exercise 08 may not lean on (interfaces.md item 1): the allocator and its parts
@@ -411,7 +412,7 @@ def check_allocator_in_simulation(MyAllocator: Any) -> None:
         else:
             hint = "the run differs from the library's: compare your class with the contract call by call"
         raise fail(call + detail, _row(want), _row(got), hint)
-    if PRINT_FIGURES_ON_PASS:
+    if PRINT_FIGURES_ON_PASS and not under_judge(MyAllocator):  # a paper-sized run: feedback, not a grade
         _paper_figure(MyAllocator)
     passed("08.4")
 

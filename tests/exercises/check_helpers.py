@@ -6,9 +6,10 @@ import pytest
 
 
 def passes(check, fn, task, capsys) -> None:
-    """The check accepts ``fn`` and prints exactly its one success line."""
+    """The check accepts ``fn`` and prints its success line last (after any figures it shows)."""
     check(fn)
-    assert capsys.readouterr().out == f"PASSED {task}\n"
+    out = capsys.readouterr().out
+    assert out.endswith(f"PASSED {task}\n") and out.count("PASSED") == 1, out
 
 
 def fails(check, fn) -> str:

@@ -13,13 +13,8 @@ from typing import List
 import pytest
 
 from paged_kv_lib.course.starters.after_02 import AllocatorAfter02
-from paged_kv_lib.grading import (
-    check_allocate_02,
-    check_allocator_02,
-    check_allocator_02_free,
-    check_block_of_02,
-    check_grow_and_free_02,
-)
+# The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
+from paged_kv_lib.grading.checks_02 import (check_allocate_02, check_allocator_02, check_allocator_02_free, check_block_of_02, check_grow_and_free_02)
 from paged_kv_lib.grading._common import TaskNotWrittenError
 from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
 from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook

@@ -8,7 +8,8 @@ import pytest
 
 from paged_kv_lib.course.starters.after_02 import AllocatorAfter02
 from paged_kv_lib.course.starters.after_03 import AllocatorAfter03
-from paged_kv_lib.grading import check_allocator_03, check_invariants_03, check_repaired_03, check_sharing_03
+# The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
+from paged_kv_lib.grading.checks_03 import (check_allocator_03, check_invariants_03, check_repaired_03, check_sharing_03)
 from paged_kv_lib.grading._common import TaskNotWrittenError
 from paged_kv_lib.grading.checks_03 import _corruptions
 from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden

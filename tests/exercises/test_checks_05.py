@@ -6,12 +6,8 @@ from __future__ import annotations
 import pytest
 
 from paged_kv_lib.course.starters.after_05 import AllocatorAfter05
-from paged_kv_lib.grading import (
-    check_can_append,
-    check_chunked_generate,
-    check_growing_allocator,
-    check_serves_tiny_model,
-)
+# The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
+from paged_kv_lib.grading.checks_05 import (check_can_append, check_chunked_generate, check_growing_allocator, check_serves_tiny_model)
 from paged_kv_lib.grading.checks_05 import GROWTH_MISTAKES
 from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
 from paged_kv_lib.grading.notebook_tasks import cell_meta, read_notebook

@@ -9,16 +9,8 @@ import pytest
 from paged_kv_lib.conformance.engine import AllocatorContractError
 from paged_kv_lib.course.starters.after_05 import AllocatorAfter05
 from paged_kv_lib.course.starters.after_06 import AllocatorAfter06, content_key
-from paged_kv_lib.grading import (
-    check_allocator_conforms,
-    check_eviction_order,
-    check_prefix_caching_allocator,
-    check_remove_from_free_queue,
-    check_salted_block_key,
-    check_serves_forked_samples,
-    check_serves_shared_prefix,
-    check_sharing_allocator,
-)
+# The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
+from paged_kv_lib.grading.checks_06 import (check_allocator_conforms, check_eviction_order, check_prefix_caching_allocator, check_remove_from_free_queue, check_salted_block_key, check_serves_forked_samples, check_serves_shared_prefix, check_sharing_allocator)
 from paged_kv_lib.grading.checks_06 import (
     CACHE_MISTAKES,
     COPY_MISTAKES,

@@ -7,13 +7,8 @@ from pathlib import Path
 import pytest
 from check_helpers import fails, not_implemented, passes
 
-from paged_kv_lib.grading import (
-    check_allocator_in_simulation,
-    check_memory_parts,
-    check_reservation_slots,
-    check_block_size_choice,
-    check_time_averaged,
-)
+# The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
+from paged_kv_lib.grading.checks_08 import (check_allocator_in_simulation, check_memory_parts, check_reservation_slots, check_block_size_choice, check_time_averaged)
 from paged_kv_lib.grading import checks_08
 from paged_kv_lib.grading.delegation import forbidden_modules
 
@@ -304,7 +299,8 @@ def test_allocator_in_simulation_prints_the_paper_figure_when_asked(capsys, monk
     assert any(line.startswith("MyAllocator") for line in out) and any("orca-oracle" in line for line in out)
 
 
-def test_allocator_in_simulation_makes_a_modest_number_of_calls(capsys):
+def test_allocator_in_simulation_makes_a_modest_number_of_calls(capsys, monkeypatch):
+    monkeypatch.setattr(checks_08, "PRINT_FIGURES_ON_PASS", False)  # the paper-sized figure is skipped under the judge
     calls = []
 
     class Counting(MyAllocator):

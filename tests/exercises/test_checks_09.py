@@ -21,13 +21,8 @@ import triton.language as tl
 
 from paged_kv_lib.attention import paged_attention_reference
 from paged_kv_lib.course import triton_skeleton
-from paged_kv_lib.grading import (
-    check_fold_tile,
-    check_merge_softmax_states,
-    check_paged_decode_kernel,
-    check_split_k_decode,
-    check_tile_addresses,
-)
+# The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
+from paged_kv_lib.grading.checks_09 import (check_fold_tile, check_merge_softmax_states, check_paged_decode_kernel, check_split_k_decode, check_tile_addresses)
 from paged_kv_lib.grading import _checks_09_kernel as kernel_check
 from paged_kv_lib.grading._common import TaskNotWrittenError
 from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
