@@ -112,3 +112,19 @@ def test_starters_ship_only_for_exercises_before_the_assignment(tmp_path):
     release.build_release(course, tmp_path / "rall")
     assert sorted(p.name for p in (tmp_path / "rall" / release.STARTERS).iterdir()) == ["__init__.py"]
     assert classroom.step_id("03.1") == "task-03-1"
+
+
+def test_a_release_writes_the_class_repository_into_every_setup_block(tmp_path):
+    course = demo_course(tmp_path / "course")
+    shutil.copytree(REPO / "paged_kv_lib", course / "paged_kv_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    url = "https://example.org/our-class/paged-kv.git"
+    out = tmp_path / "release"
+    release.build_release(course, out, repo_url=url)
+    from paged_kv_lib.course import setup_cell
+
+    for notebook in [out / "exercises" / "90_demo.ipynb", out / "exercises" / "pristine" / "90_demo.ipynb"]:
+        assert setup_cell.check(notebook) is None and f'COURSE_REPO = "{url}"' in notebook.read_text()
+    assert (out / "exercises" / "90_demo.ipynb").read_text() == (out / "exercises" / "pristine" / "90_demo.ipynb").read_text()
+    with pytest.raises(setup_cell.SetupCellError, match="expected an https:// or git@ URL"):
+        release.build_release(course, tmp_path / "bad", repo_url="not a url")
+    assert not (tmp_path / "bad").exists()

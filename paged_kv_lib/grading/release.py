@@ -25,8 +25,8 @@ from typing import Any, Callable, List, Optional
 from .notebook_tasks import BEGIN_MARKER, END_MARKER
 
 # What a learner's course is made of, relative to the course folder.
-RELEASED = ("lessons", "exercises", "paged_kv_lib", "docs", "benchmarks", "scripts", "README.md", "LICENSE",
-            "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
+RELEASED = ("lessons", "exercises", "paged_kv_lib", "docs", "benchmarks", "scripts", "binder", "docker", "README.md",
+            "LICENSE", "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 PRISTINE_DIR = "pristine"
 # Instructor-only files inside released folders, relative to the course folder.
 WITHHELD = ("docs/instructors.md", "docs/class.md")
@@ -62,9 +62,11 @@ def _ignorer(course: Path, assignment: Optional[int]) -> Callable[[str, List[str
     return ignore
 
 
-def build_release(course: Path, out: Path, assignment: Optional[int] = None) -> List[Path]:
+def build_release(course: Path, out: Path, assignment: Optional[int] = None,
+                  repo_url: Optional[str] = None) -> List[Path]:
     """Write the learner's course from ``course`` into ``out`` (which must not exist or be empty);
-    return the files written. Starters ship only for exercises before ``assignment`` (none without it)."""
+    return the files written. Starters ship only for exercises before ``assignment`` (none without it);
+    ``repo_url`` (the class repository) goes into every notebook's Colab setup block."""
     from .classroom import write_workflows
     from .generate import generate, solution_paths
 
@@ -92,6 +94,12 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None) -> 
         exercises = staging / "exercises"
         exercises.mkdir(exist_ok=True)
         generate(solutions, exercises)  # learner versions, fresh from the solutions
+        if repo_url is not None:
+            from ..course.setup_cell import apply
+
+            for notebook in sorted((staging / "lessons").glob("*.ipynb")) + sorted(exercises.glob("*.ipynb")):
+                if '"cell_type": "code"' in notebook.read_text(encoding="utf-8"):  # nothing to set up otherwise
+                    apply(notebook, repo_url)
         pristine = exercises / PRISTINE_DIR
         pristine.mkdir()
         for path in solution_paths(solutions):
@@ -129,6 +137,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--assignment", type=_exercise_number, default=None, metavar="NN",
                         help="the exercise being handed out: starter classes of the exercises before it ship "
                              "(default: none ship, since a starter holds its exercise's answer)")
+    parser.add_argument("--repo-url", default=None, metavar="URL",
+                        help="the class repository learners open on Colab: written into every notebook's setup "
+                             "block (default: the course's own, from its package metadata)")
     parser.set_defaults(func=run)
 
 
@@ -141,12 +152,13 @@ def _exercise_number(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``paged-kv release``."""
     from .grader import InputError, PristineNotFoundError, find_course
+    from ..course.setup_cell import SetupCellError
     from .notebook_tasks import ExerciseSpecError
 
     try:
         course = find_course(None, args.course)
-        files = build_release(course, args.out, getattr(args, "assignment", None))
-    except (ReleaseError, InputError, PristineNotFoundError, ExerciseSpecError, OSError) as exc:
+        files = build_release(course, args.out, getattr(args, "assignment", None), getattr(args, "repo_url", None))
+    except (ReleaseError, InputError, PristineNotFoundError, ExerciseSpecError, SetupCellError, OSError) as exc:
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: {line}", file=sys.stderr)
         return 2
