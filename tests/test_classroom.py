@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 
@@ -123,7 +124,8 @@ def test_a_release_writes_the_class_repository_into_every_setup_block(tmp_path):
     from paged_kv_lib.course import setup_cell
 
     for notebook in [out / "exercises" / "90_demo.ipynb", out / "exercises" / "pristine" / "90_demo.ipynb"]:
-        assert setup_cell.check(notebook) is None and f'COURSE_REPO = "{url}"' in notebook.read_text()
+        first = next(c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code")
+        assert setup_cell.check(notebook) is None and f'COURSE_REPO = "{url}"' in first.source
     assert (out / "exercises" / "90_demo.ipynb").read_text() == (out / "exercises" / "pristine" / "90_demo.ipynb").read_text()
     with pytest.raises(setup_cell.SetupCellError, match="expected an https:// or git@ URL"):
         release.build_release(course, tmp_path / "bad", repo_url="not a url")
