@@ -102,13 +102,14 @@ def setup_cell_source(repo_url: str, folder: str = "lessons") -> str:
 def _folder_of(path: Path) -> str:
     """The notebook's folder relative to the course root (the folder above ``paged_kv_lib/``).
 
-    A solution notebook gets its learner version's folder, ``exercises``: the learner version is
-    generated from it, block included, and must open where learners find it."""
+    A solution notebook, and a released course's untouched copy in ``exercises/pristine/``, get the
+    learner version's folder, ``exercises``: the learner version is generated from the solution,
+    block included, the pristine copy equals it, and learners open it there."""
     here = path.resolve().parent
     for root in (here, *here.parents):
         if (root / "paged_kv_lib").is_dir():
             folder = here.relative_to(root).as_posix() or "."
-            return "exercises" if folder == "exercises/solutions" else folder
+            return "exercises" if folder in ("exercises/solutions", "exercises/pristine") else folder
     raise SetupCellError(f"{path}: not inside the course (no paged_kv_lib/ in any folder above it)")
 
 
