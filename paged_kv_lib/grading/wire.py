@@ -100,7 +100,13 @@ def pack_reply(document: Any, blobs: List[bytes]) -> bytes:
     return JSON_HEADER.pack(len(head)) + head + b"".join(blobs)
 
 
-def unpack_reply(payload: bytes) -> Tuple[Any, List[bytes]]:
+class Blobs(List[bytes]):
+    """A reply's blobs, and whether its data may hold back references (``{"r": n}``)."""
+
+    references = True
+
+
+def unpack_reply(payload: bytes) -> Tuple[Any, "Blobs"]:
     """The JSON document and the blobs of a reply, with every bound checked before ``json.loads``."""
     if len(payload) < JSON_HEADER.size:
         raise WireError("a reply too short to hold its header")
@@ -127,7 +133,8 @@ def unpack_reply(payload: bytes) -> Tuple[Any, List[bytes]]:
     start = JSON_HEADER.size + size
     if start + sum(sizes) != len(payload):
         raise WireError("a reply whose blobs do not add up to its size")
-    blobs: List[bytes] = []
+    blobs = Blobs()
+    blobs.references = b'{"r":' in text
     for n in sizes:
         blobs.append(payload[start:start + n])
         start += n
@@ -278,31 +285,45 @@ def library_class(module: str, qualname: str) -> type:
 class Decoder:
     """Rebuilds plain data from the kernel into values; ``make_handle(key, type_name)`` makes proxies."""
 
-    def __init__(self, make_handle: Callable[[int, str], Any], blobs: Optional[List[bytes]] = None) -> None:
+    def __init__(self, make_handle: Callable[[int, str], Any], blobs: Optional[List[bytes]] = None,
+                 references: Optional[bool] = None) -> None:
         self.make_handle = make_handle
         self.blobs = blobs or []
         self.nodes = 0
         self.containers: List[Any] = []
         self.sizes: List[int] = []
+        # Containers are numbered (and values counted) only when the reply may refer back to one:
+        # without references its values were already bounded by counting its separators.
+        self.track = getattr(blobs, "references", True) if references is None else references
 
     def decode(self, data: Any, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
             raise WireError(f"a reply nested deeper than {MAX_DEPTH}")
-        self._count(1)
         kind = type(data)
+        if kind is list:
+            if not self.track:  # fresh from json.loads: decoded in place, plain items left as they are
+                for index, item in enumerate(data):
+                    inner = type(item)
+                    if inner is list or inner is dict:
+                        data[index] = self.decode(item, depth + 1)
+                    elif inner is str and len(item) > MAX_STR:
+                        raise WireError(f"a string of {len(item)} characters, over the limit of {MAX_STR}")
+                return data
+            self._count(1)
+            out: List[Any] = []
+            slot = self._register(out)
+            start = self.nodes
+            out.extend([self.decode(v, depth + 1) for v in data])
+            self.sizes[slot] = self.nodes - start
+            return out
+        if self.track:
+            self._count(1)
         if kind is str:
             if len(data) > MAX_STR:
                 raise WireError(f"a string of {len(data)} characters, over the limit of {MAX_STR}")
             return data
         if kind in _PLAIN:
             return data
-        if kind is list:
-            out: List[Any] = []
-            slot = self._register(out)
-            start = self.nodes
-            out.extend(self.decode(v, depth + 1) for v in data)
-            self.sizes[slot] = self.nodes - start
-            return out
         if kind is dict and len(data) == 1:
             ((tag, body),) = data.items()
             if tag in _TAGS:
@@ -320,6 +341,8 @@ class Decoder:
             raise WireError(f"a reply of more than {MAX_NODES} values")
 
     def _register(self, container: Any) -> int:
+        if not self.track:
+            return 0
         self.containers.append(container)
         self.sizes.append(-1)  # not finished: a reference to it would be a cycle
         return len(self.containers) - 1
@@ -339,7 +362,8 @@ class Decoder:
             if tag == "fs":
                 return frozenset(items)
             made = set(items)
-            self.containers[slot], self.sizes[slot] = made, self.nodes - start
+            if self.track:
+                self.containers[slot], self.sizes[slot] = made, self.nodes - start
             return made
         if tag == "d":
             made_dict: Dict[Any, Any] = {}
@@ -349,7 +373,8 @@ class Decoder:
                      (_pair(p) for p in _list(body))]
             _no_collisions([k for k, _ in pairs])
             made_dict.update(pairs)
-            self.sizes[slot] = self.nodes - start
+            if self.track:
+                self.sizes[slot] = self.nodes - start
             return made_dict
         if tag == "q":
             from collections import deque
@@ -361,11 +386,12 @@ class Decoder:
             slot = self._register(made_q)
             start = self.nodes
             made_q.extend(self._items(items_body, depth))
-            self.sizes[slot] = self.nodes - start
+            if self.track:
+                self.sizes[slot] = self.nodes - start
             return made_q
         if tag == "r":
             index = _int(body)
-            if not 0 <= index < len(self.containers) or self.sizes[index] < 0:
+            if not self.track or not 0 <= index < len(self.containers) or self.sizes[index] < 0:
                 raise WireError("a reference to a container that is not (yet) complete")
             self._count(self.sizes[index])
             return self.containers[index]
