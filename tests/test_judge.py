@@ -176,3 +176,47 @@ def test_the_kernel_side_imports_nothing_of_the_library():
     done = subprocess.run([sys.executable, "-s", "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+STUCK = '''
+import os, signal, time
+
+
+def check_fine(f):
+    print("PASSED")
+
+
+def check_stuck_in_c(f):
+    # A call that never returns to the interpreter, so SIGALRM cannot reach it (blocked here to make it so).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(600)
+
+
+def check_crash(f):
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("check, line", [
+    ("check_stuck_in_c", "timed out: the grader stopped the judge"),
+    ("check_crash", "the judge was killed by SIGKILL"),
+])
+def test_a_judge_stuck_in_a_c_call_or_killed_costs_one_line_and_the_rest(tmp_path, monkeypatch, check, line):
+    """The grader stops a judge whose check outlives its limit even inside a C call (SIGALRM cannot
+    interrupt it), and a judge that dies is one line: that check fails, the later cells are not run."""
+    from paged_kv_lib.grading import grader
+
+    (tmp_path / "stuck_checks.py").write_text(STUCK)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cells = [{"source": "from stuck_checks import check_fine, " + check, "tags": [], "task": None, "role": None},
+             {"source": "def f():\n    pass", "tags": [], "task": "99.1", "role": "solution"},
+             {"source": "check_fine(f)", "tags": [], "task": "99.1", "role": "check"},
+             {"source": f"{check}(f)", "tags": [], "task": "99.1", "role": "check"},
+             {"source": "check_fine(f)", "tags": [], "task": "99.2", "role": "check"}]
+    results, _ = grader.run_judge(cells, tmp_path / "work", cell_timeout=2, sandbox_mode="none")
+    assert results[2]["outcome"] == "passed", results[2]
+    assert results[3]["outcome"] == "failed" and results[3]["line"].startswith(line), results[3]
+    assert "\n" not in results[3]["line"] and results[3]["detail"] == ""
+    assert results[4]["outcome"] == "failed" and results[4]["line"].startswith("not run: the judge was stopped")
