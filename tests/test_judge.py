@@ -220,3 +220,69 @@ def test_a_judge_stuck_in_a_c_call_or_killed_costs_one_line_and_the_rest(tmp_pat
     assert results[3]["outcome"] == "failed" and results[3]["line"].startswith(line), results[3]
     assert "\n" not in results[3]["line"] and results[3]["detail"] == ""
     assert results[4]["outcome"] == "failed" and results[4]["line"].startswith("not run: the judge was stopped")
+
+
+PROBE_CHECKS = '''
+from paged_kv_lib.grading._common import run_probe
+from paged_kv_lib.grading.probes import entries_alias, returned_value_is_held
+
+
+def check_mapping_is_a_copy(MyAllocator):
+    a = MyAllocator(8, 4)
+    a.allocate_for_sequence(0, 10)
+    assert not run_probe(returned_value_is_held, a, "get_block_mapping", (0,)), "get_block_mapping handed out its own list"
+    print("PASSED 1")
+
+
+def check_child_has_its_own_list(MyAllocator):
+    a = MyAllocator(8, 4)
+    a.allocate_for_sequence(0, 10)
+    a.fork(0, 1)
+    assert not run_probe(entries_alias, a.tables, 0, 1), "the child got the parent's own list"
+    print("PASSED 2")
+'''
+
+HONEST = "from paged_kv_lib.conformance.starter import SharingStarterAllocator as MyAllocator\n"
+PLANTED = HONEST.replace(" as MyAllocator", "") + (
+    "class MyAllocator(SharingStarterAllocator):\n"
+    "    def get_block_mapping(self, seq_id):\n"
+    "        super().get_block_mapping(seq_id)\n"
+    "        return self.tables[seq_id]\n"
+    "    def fork(self, parent, child):\n"
+    "        super().fork(parent, child)\n"
+    "        self.tables[child] = self.tables[parent]\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["none", "bwrap"])
+def test_identity_checks_fire_under_the_judge_as_in_a_notebook(tmp_path, monkeypatch, mode):
+    """02.4's returned internal list and 03.1's child sharing the parent's list: run_probe runs the
+    probe where the objects live (a handle) and aliasing inside one reply survives the wire, so the
+    planted mistakes fail under the grader as they do in JupyterLab, and the honest class passes."""
+    from paged_kv_lib.grading import checks_03, sandbox
+
+    if mode == "bwrap" and sandbox.bwrap_problem():
+        pytest.skip(sandbox.bwrap_problem())
+    (tmp_path / "probe_checks.py").write_text(PROBE_CHECKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sys.modules.pop("probe_checks", None)
+    checks = ["check_mapping_is_a_copy(MyAllocator)", "check_child_has_its_own_list(MyAllocator)",
+              "check_my_fork(MyAllocator)"]
+    for source, want in ((HONEST, "passed"), (PLANTED, "failed")):
+        cells = [{"source": "from probe_checks import check_mapping_is_a_copy, check_child_has_its_own_list\n"
+                            "from paged_kv_lib.grading.checks_03 import check_my_fork", "tags": [], "task": None,
+                  "role": None},
+                 {"source": source, "tags": [], "task": "99.1", "role": "solution"}]
+        cells += [{"source": c, "tags": [], "task": "99.1", "role": "check"} for c in checks]
+        result = judge.judge({"cells": cells, "timeout": 60, "workdir": str(tmp_path / mode / want),
+                              "resolved_mode": mode})
+        assert result["error"] == "", result
+        outcomes = [(r["outcome"], r["line"]) for r in result["results"][2:]]
+        assert [o for o, _ in outcomes] == [want] * 3, (source, outcomes)
+        if want == "failed":
+            assert "handed out its own list" in outcomes[0][1] and "parent's own list" in outcomes[1][1]
+            assert "a.tables[1] is a.tables[0]" in outcomes[2][1], outcomes[2]
+    assert hasattr(checks_03, "check_my_fork")
