@@ -426,7 +426,7 @@ class Decoder:
 
     def _object(self, body: Any, depth: int) -> Any:
         module, qualname, state = _list(body)
-        cls = library_class(_str(module), _str(qualname))
+        cls: Any = library_class(_str(module), _str(qualname))
         obj = cls.__new__(cls)
         for pair in _list(state):
             name, value = _pair(pair)
