@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict
@@ -469,3 +473,68 @@ def test_with_the_sandbox_too_a_batch_flags_grades_after_the_course_changed(cour
     results = batch.grade_batch(found, course=course, cell_timeout=TIMEOUT, jobs=1, progress=False, sandbox_mode="bwrap")
     rows = batch.write_gradebook(results, tmp_path / "gradebook.csv")
     assert {row["learner"] for row in rows if row["flag"].startswith(batch.TAMPERED)} == {"a", "b"}, rows
+
+
+USER_MODE_ATTACKS = ("forged_reply_names_a_class", "pickle_reply_with_a_global", "escape_the_sandbox_as_root",
+                     "fork_bomb", "other_submissions", "exec_reference_solution", "tamper_with_course_files")
+
+
+@NEEDS_BWRAP
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root (to become nobody) and setpriv")
+def test_as_an_unprivileged_user_a_batch_of_attacks_earns_nothing(tmp_path):
+    """The same batch graded by ``nobody``: root builds a view where Python is reachable (it lives under
+    /root here), becomes nobody with setpriv, and runs ``paged-kv grade --batch`` there; the kernels'
+    sandboxes are then made by an unprivileged bubblewrap."""
+    base = Path(tempfile.mkdtemp(prefix="paged-kv-user-mode-"))
+    try:
+        course = base / "course"
+        (course / "exercises" / "solutions").mkdir(parents=True)
+        shutil.copy(FIXTURES / "solutions" / "90_demo.ipynb", course / "exercises" / "solutions")
+        shutil.copy(FIXTURES / "90_demo.ipynb", course / "exercises")
+        (course / "checks").mkdir()
+        shutil.copy(FIXTURES / "demo_checks.py", course / "checks")
+        folder, gradebook = base / "class", base / "out" / "gradebook.csv"
+        every = attacks(course, gradebook)
+        for name in USER_MODE_ATTACKS:
+            nb = submission(course, every[name])
+            nbformat.write(nb, _mkparents(folder / f"x_{name}" / "90_demo.ipynb"))
+        honest = _mkparents(folder / "ana" / "90_demo.ipynb")
+        nbformat.write(submission(course, {"90.1": ADD_OK, "90.2": COUNTER_OK, "90.3": BLOCKS_OK}), honest)
+        gradebook.parent.mkdir()
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        course_before, honest_before = fingerprint(course), honest.read_bytes()
+        python = Path(sys.executable)
+        prefix = Path(sys.base_prefix).resolve()
+        outer = [shutil.which("bwrap"), "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--perms", "0755", "--tmpfs", "/root"]
+        for parent in reversed(prefix.parents):
+            if parent != Path("/") and parent != Path("/root") and Path("/root") in parent.parents:
+                outer += ["--perms", "0755", "--dir", str(parent)]
+        outer += ["--ro-bind", str(prefix), str(prefix),
+                 "--die-with-parent", "--",  # (the host's /proc stays: a nested bwrap needs one to mount its own)
+                 "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--",
+                 str(python), "-m", "paged_kv_lib.cli", "grade", "--batch", str(folder), "--csv", str(gradebook),
+                 "--course", str(course), "--timeout", str(TIMEOUT), "--jobs", "2", "--no-progress"]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "TRITON_INTERPRET": "1",
+               "PYTHONPATH": str(course / "checks")}
+        done = subprocess.run(outer, capture_output=True, text=True, timeout=800, env=env, cwd=str(base))
+        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+        assert "not isolated" not in done.stdout + done.stderr
+        with open(gradebook, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        scores: Dict[str, Dict[str, int]] = {}
+        for row in rows:
+            scores.setdefault(row["learner"], {})[row["task"]] = int(row["earned"])
+        assert scores["ana"] == POINTS, (rows[0]["failure"], done.stdout[-1500:])
+        for name in USER_MODE_ATTACKS:
+            assert scores[f"x_{name}"] == {"90.1": 0, "90.2": 0, "90.3": 0}, (name, [r for r in rows if name in r["learner"]])
+        assert fingerprint(course) == course_before and honest.read_bytes() == honest_before
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _mkparents(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
