@@ -87,7 +87,7 @@ def test_an_old_style_pickle_is_not_read_at_all():
 
 
 def _big(kind: str) -> bytes:
-    """About 1 MiB of reply data of one shape."""
+    """About 1 MiB of reply data of one shape (or the most a bound lets through)."""
     n = MIB
     if kind == "ints":
         return json.dumps(list(range(n // 8))).encode()
@@ -108,13 +108,18 @@ def _big(kind: str) -> bytes:
         return json.dumps({"s": [k * p for k in range(1, n // 22)]}).encode()
     if kind == "references":
         return json.dumps([[0] * 1000] + [{"r": 1}] * (n // 8)).encode()  # each one counts as 1000
+    if kind == "lists at the value bound":
+        count = wire.MAX_NODES // 2 - 10
+        return ("[" + ",".join(["[]"] * count) + "]").encode()
+    if kind == "nested 300 deep":
+        return b"[" * 300 + b"]" * 300
     if kind == "floats":
         return json.dumps([1.5e300] * (n // 9)).encode()
     raise ValueError(kind)
 
 
 SHAPES = ["ints", "empty lists", "empty dicts", "strings", "one string", "deep", "long int", "colliding set",
-          "references", "floats"]
+          "references", "floats", "lists at the value bound", "nested 300 deep"]
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -36,7 +36,7 @@ JSON_HEADER = struct.Struct("!I")
 # A reply's bounds. Tensors travel as blobs, so a reply may be large; its JSON part may not.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 MAX_JSON_BYTES = 8 * 1024 * 1024
-MAX_NODES = 1_000_000
+MAX_NODES = 250_000
 MAX_DEPTH = 200
 MAX_BLOBS = 100_000
 MAX_COLLISIONS = 64
