@@ -15,7 +15,8 @@ kind: ``t`` tuple, ``s``/``fs`` set, ``d`` dict (a list of pairs), ``q`` deque, 
 container as an earlier one in this reply (aliasing survives; the copy counts in full
 against the value bound), ``e`` an enum member and ``o`` a plain paged_kv_lib object
 (only a class defined, under that name, in a library module outside the grading
-package, with no ``__del__``; its attributes are data again). Exceptions travel as a
+package or in a check module ``checks_NN``, with no ``__del__``; its attributes are data
+again). Exceptions travel as a
 type name and a message (see :mod:`.judge`).
 
 This module imports neither torch nor IPython at import time.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import struct
 import sys
 from collections import Counter
@@ -260,12 +262,22 @@ def _slot_names(kind: type) -> List[str]:
 # Grader side: plain data back to values, with exact types
 
 
+def rebuildable_module(module: str) -> bool:
+    """A library module whose plain classes the judge rebuilds: any outside the grading package, and
+    the check modules ``checks_NN`` (their spies travel into the learner's calls and back); never the
+    grader's own machinery (wire, judge, sandbox...)."""
+    if not re.fullmatch(r"paged_kv_lib(\.[A-Za-z_][A-Za-z0-9_]*)*", module):
+        return False
+    if module == "paged_kv_lib.grading" or module.startswith("paged_kv_lib.grading."):
+        return re.fullmatch(r"paged_kv_lib\.grading\.checks_\d\d", module) is not None
+    return True
+
+
 def library_class(module: str, qualname: str) -> type:
-    """A plain class that ``module`` (a library module outside the grading package) defines as
-    ``qualname``; nothing a module merely imported, no exception, nothing with ``__del__``."""
-    top = module.split(".")[0]
-    if top != "paged_kv_lib" or module.startswith("paged_kv_lib.grading") or not module.replace(".", "").replace(
-            "_", "").isalnum() or not qualname.replace(".", "").replace("_", "").isalnum():
+    """A plain class that ``module`` (see :func:`rebuildable_module`) defines as ``qualname``; nothing a
+    module merely imported, no exception, nothing with ``__del__``."""
+    if not rebuildable_module(module) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
+                                                          qualname):
         raise WireError(f"{module}.{qualname} is not a class the grader rebuilds")
     found: Any = sys.modules.get(module)
     try:
