@@ -177,8 +177,10 @@ def command(spec: SandboxSpec, resolved_mode: str, uid: Optional[int] = None) ->
         cmd += ["--unshare-user", "--uid", "65534", "--gid", "65534"]
     else:
         cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-    binds = [p for p in python_paths()
-             if not any(_covers(h, p) for h in hidden) and not any(_covers(Path(s), p) for s in SYSTEM_DIRS)]
+    prefixes = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    binds = [p for p in python_paths()  # Python itself is bound even inside a hidden folder (a venv in /tmp)
+             if (p in prefixes or not any(_covers(h, p) for h in hidden))
+             and not any(_covers(Path(s), p) for s in SYSTEM_DIRS)]
     parents = {a for p in [*binds, Path(INSIDE), Path(INSIDE_HOME)] for a in p.parents if a != Path("/")}
     for parent in sorted(parents, key=lambda a: len(a.parts)):  # made by bwrap, open to the kernel's uid
         cmd += ["--perms", "0755", "--dir", str(parent)]
