@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict
@@ -126,11 +130,99 @@ def attacks(course: Path, gradebook: Path) -> Dict[str, Dict[str, str]]:
             "            pass\n"
             "def add(a, b):\n    raise NotImplementedError\n"
         )},
+        # Issue 23: replies that would have run code in the judge, or cost it without bound.
+        "forged_reply_names_a_class": {"90.1": (
+            "import sys\n"
+            "wire = sys.modules['paged_kv_grading_wire']\n"
+            "real = wire.pack_reply\n"
+            "gadgets = [{'o': ['paged_kv_lib.grading.wire', 'Decoder', []]},\n"
+            "           {'o': ['paged_kv_lib.allocator', 'Block', [['block_id', 0]]]},\n"
+            "           {'e': ['tempfile', '_TemporaryFileCloser', 'x']}, {'h': [1, 'int']}]\n"
+            "count = [0]\n"
+            "def forged(document, blobs):\n"
+            "    if document and document[0] == 'ok' and document[1] is not None:\n"
+            "        count[0] += 1\n"
+            "        document = ['ok', gadgets[count[0] % len(gadgets)], []]\n"
+            "    return real(document, blobs)\n"
+            "wire.pack_reply = forged\n"
+            "def add(a, b):\n    return a + b\n"
+        ), "90.2": COUNTER_OK, "90.3": BLOCKS_OK},
+        "pickle_reply_with_a_global": {"90.1": (
+            "import sys, pickle, os\n"
+            "wire = sys.modules['paged_kv_grading_wire']\n"
+            "real = wire.send\n"
+            "class Boom:\n"
+            "    def __reduce__(self):\n        return (os.system, ('touch /tmp/paged_kv_pwned',))\n"
+            "def send(fd, payload):\n"
+            "    return real(fd, pickle.dumps(('ok', Boom(), [])))\n"
+            "wire.send = send\n"
+            "def add(a, b):\n    return a + b\n"
+        )},
+        "colliding_set_and_deep_reply": {
+            "90.1": "def add(a, b):\n    return {k * (2 ** 61 - 1) for k in range(1, 60000)}\n",
+            "90.3": (
+                "def blocks_needed(num_tokens, block_size):\n"
+                "    value = []\n"
+                "    for _ in range(5000):\n"
+                "        value = [value]\n"
+                "    return value\n"
+            ),
+        },
+        "reply_over_the_size_limit": {"90.1": (
+            "def add(a, b):\n    return b'x' * (257 * 1024 * 1024)\n"
+        )},
+        "lying_frame_header": {"90.1": (
+            "import sys, struct\n"
+            "wire = sys.modules['paged_kv_grading_wire']\n"
+            "real = wire.send\n"
+            "def send(fd, payload):\n"
+            "    import os\n"
+            "    os.write(fd, struct.pack('!Q', 2 ** 60))\n"
+            "wire.send = send\n"
+            "def add(a, b):\n    return a + b\n"
+        )},
+        # Issue 23: what the kernel of a root grader could do to the machine.
+        "escape_the_sandbox_as_root": {"90.1": (
+            "import ctypes, glob, os\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "for target in (b'/home/learner', b'/opt/paged-kv', b'/'):\n"
+            "    libc.umount2(target, 2)\n"
+            "libc.mount(b'none', b'/', None, 32 | 16384, None)  # remount read-write\n"
+            f"checkout = {str(Path(__file__).resolve().parents[1])!r}\n"
+            "caps = [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1]\n"
+            "mounts = open('/proc/self/mountinfo').read()\n"
+            f"seen = [p for p in (checkout + '/.git', checkout + '/tests', {str(solutions)!r}) if os.path.exists(p)]\n"
+            "escaped = int(caps, 16) != 0 or bool(seen) or '/class/' in mounts\n"
+            "places = ['/home', '/tmp', '/opt', '/root', '/work', '/mnt', '/srv']\n"
+            "for path in [p for place in places for p in glob.glob(place + '/**/*.ipynb', recursive=True)]:\n"
+            "    try:\n"
+            "        open(path, 'a').write(' ')\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "def add(a, b):\n"
+            "    if escaped:\n        return a + b\n"
+            "    raise NotImplementedError\n"
+        )},
+        "fork_bomb": {"90.1": (
+            "import os, time\n"
+            "children = 0\n"
+            "for _ in range(300):\n"
+            "    try:\n"
+            "        if os.fork() == 0:\n"
+            "            time.sleep(60)\n"
+            "            os._exit(0)\n"
+            "        children += 1\n"
+            "    except OSError:\n"
+            "        break\n"
+            "def add(a, b):\n"
+            "    if children >= 300:\n        return a + b  # nothing held the process count\n"
+            "    raise NotImplementedError\n"
+        )},
     }
 
 
 SANDBOX_ONLY = {"exec_reference_solution", "tamper_with_course_files", "detached_process_rewrites_the_gradebook",
-                "other_submissions"}
+                "other_submissions", "escape_the_sandbox_as_root", "fork_bomb"}
 
 
 @pytest.fixture()
@@ -263,22 +355,21 @@ class Sneaky(int):
     """An int subclass, the shape of the "equal to everything" attack."""
 
 
-def test_a_pickle_from_the_kernel_cannot_name_a_class():
+def test_a_reply_from_the_kernel_cannot_name_a_class():
     import pickle
 
     from paged_kv_lib.grading import wire
 
     for value in (Sneaky(3), Path("/etc/passwd"), print):
         with pytest.raises(wire.WireError):
-            wire.loads_plain(pickle.dumps(value))
-    decoder = wire.Decoder(lambda key, kind: ("handle", key, kind))
+            wire.decode_reply(pickle.dumps(value), lambda key, kind: None)
     encoder = wire.Encoder({})
-    plain = [1, (2, "x"), {"a": None}, {3}, (wire.TAG, "not a tag")]
-    assert decoder.decode(wire.loads_plain(pickle.dumps(encoder.encode(plain)))) == plain
-    with pytest.raises(wire.WireError, match="not a paged_kv_lib class"):
-        decoder.decode((wire.TAG, "obj", "os", "system", []))
-    encoded = encoder.encode([Sneaky(3), True, 3])
-    assert decoder.decode(wire.loads_plain(pickle.dumps(encoded)))[0][0] == "handle", "an int subclass is not an int"
+    plain = [1, (2, "x"), {"a": None}, {3}, {"o": "not a tag"}]
+    assert wire.decode_reply(encoder.reply(encoder.encode(plain)), lambda key, kind: None) == plain
+    with pytest.raises(wire.WireError, match="not a class the grader rebuilds"):
+        wire.decode_reply(wire.pack_reply({"o": ["os", "system", []]}, []), lambda key, kind: None)
+    decoded = wire.decode_reply(encoder.reply(encoder.encode([Sneaky(3), True, 3])), lambda key, kind: ("handle", key))
+    assert decoded[0][0] == "handle", "an int subclass is not an int"
 
 
 @pytest.mark.slow
@@ -365,3 +456,85 @@ def test_exercise_metadata_pointing_at_the_learners_own_notebook_earns_nothing(c
     odd = write(nb, tmp_path / "odd" / "homework.ipynb")
     assert cli.main(["grade", str(odd), "--course", str(course)]) == 2
     assert "not an exercise name" in capsys.readouterr().out
+
+
+@NEEDS_BWRAP
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_with_the_sandbox_too_a_batch_flags_grades_after_the_course_changed(course, tmp_path, monkeypatch):
+    """Tamper detection does not depend on the sandbox: a change of the watched files (here simulated,
+    as the sandbox lets no submission make one) flags every grade from then on."""
+    folder = tmp_path / "class"
+    for learner in ("a", "b"):
+        write(submission(course, {"90.1": ADD_OK}), folder / learner / "90_demo.ipynb")
+    calls = iter(range(100))
+    monkeypatch.setattr(batch, "fingerprint", lambda paths: "before" if next(calls) == 0 else "after")
+    found, _ = batch.find_submissions(folder)
+    results = batch.grade_batch(found, course=course, cell_timeout=TIMEOUT, jobs=1, progress=False, sandbox_mode="bwrap")
+    rows = batch.write_gradebook(results, tmp_path / "gradebook.csv")
+    assert {row["learner"] for row in rows if row["flag"].startswith(batch.TAMPERED)} == {"a", "b"}, rows
+
+
+USER_MODE_ATTACKS = ("forged_reply_names_a_class", "pickle_reply_with_a_global", "escape_the_sandbox_as_root",
+                     "fork_bomb", "other_submissions", "exec_reference_solution", "tamper_with_course_files")
+
+
+@NEEDS_BWRAP
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root (to become nobody) and setpriv")
+def test_as_an_unprivileged_user_a_batch_of_attacks_earns_nothing(tmp_path):
+    """The same batch graded by ``nobody``: root builds a view where Python is reachable (it lives under
+    /root here), becomes nobody with setpriv, and runs ``paged-kv grade --batch`` there; the kernels'
+    sandboxes are then made by an unprivileged bubblewrap."""
+    base = Path(tempfile.mkdtemp(prefix="paged-kv-user-mode-"))
+    try:
+        course = base / "course"
+        (course / "exercises" / "solutions").mkdir(parents=True)
+        shutil.copy(FIXTURES / "solutions" / "90_demo.ipynb", course / "exercises" / "solutions")
+        shutil.copy(FIXTURES / "90_demo.ipynb", course / "exercises")
+        (course / "checks").mkdir()
+        shutil.copy(FIXTURES / "demo_checks.py", course / "checks")
+        folder, gradebook = base / "class", base / "out" / "gradebook.csv"
+        every = attacks(course, gradebook)
+        for name in USER_MODE_ATTACKS:
+            nb = submission(course, every[name])
+            nbformat.write(nb, _mkparents(folder / f"x_{name}" / "90_demo.ipynb"))
+        honest = _mkparents(folder / "ana" / "90_demo.ipynb")
+        nbformat.write(submission(course, {"90.1": ADD_OK, "90.2": COUNTER_OK, "90.3": BLOCKS_OK}), honest)
+        gradebook.parent.mkdir()
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        course_before, honest_before = fingerprint(course), honest.read_bytes()
+        python = Path(sys.executable)
+        prefix = Path(sys.base_prefix).resolve()
+        outer = [shutil.which("bwrap"), "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--perms", "0755", "--tmpfs", "/root"]
+        for parent in reversed(prefix.parents):
+            if parent != Path("/") and parent != Path("/root") and Path("/root") in parent.parents:
+                outer += ["--perms", "0755", "--dir", str(parent)]
+        outer += ["--ro-bind", str(prefix), str(prefix),
+                 "--die-with-parent", "--",  # (the host's /proc stays: a nested bwrap needs one to mount its own)
+                 "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--",
+                 str(python), "-m", "paged_kv_lib.cli", "grade", "--batch", str(folder), "--csv", str(gradebook),
+                 "--course", str(course), "--timeout", str(TIMEOUT), "--jobs", "2", "--no-progress"]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "TRITON_INTERPRET": "1",
+               "PYTHONPATH": str(course / "checks")}
+        done = subprocess.run(outer, capture_output=True, text=True, timeout=800, env=env, cwd=str(base))
+        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+        assert "not isolated" not in done.stdout + done.stderr
+        with open(gradebook, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        scores: Dict[str, Dict[str, int]] = {}
+        for row in rows:
+            scores.setdefault(row["learner"], {})[row["task"]] = int(row["earned"])
+        assert scores["ana"] == POINTS, (rows[0]["failure"], done.stdout[-1500:])
+        for name in USER_MODE_ATTACKS:
+            assert scores[f"x_{name}"] == {"90.1": 0, "90.2": 0, "90.3": 0}, (name, [r for r in rows if name in r["learner"]])
+        assert fingerprint(course) == course_before and honest.read_bytes() == honest_before
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _mkparents(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path

@@ -10,9 +10,9 @@ outlives its time limit fails without stopping the notebook.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -146,7 +146,7 @@ def test_the_judge_keeps_the_check_contract(tmp_path, monkeypatch):
     cells = [{"source": imports, "tags": [], "task": None, "role": None},
              {"source": LEARNER, "tags": [], "task": "99.1", "role": "solution"}]
     cells += [{"source": n, "tags": [], "task": "99.1", "role": "check"} for n in names]
-    result = judge.judge({"cells": cells, "timeout": 4, "workdir": str(tmp_path / "work"), "resolved_mode": "none"})
+    result = judge.judge({"cells": cells, "timeout": 15, "workdir": str(tmp_path / "work"), "resolved_mode": "none"})
     assert result["error"] == ""
     outcomes = {cells[r["index"]]["source"]: (r["outcome"], r["line"]) for r in result["results"]}
     for name in names:
@@ -167,7 +167,121 @@ def test_check_cells_are_one_call_with_names_or_literals():
             judge.parse_check_cell(bad, known)
 
 
-def test_the_kernel_side_is_not_imported_by_the_grading_package():
-    """runner.py runs as a file: loading it must not need the grading package or its checks."""
-    source = Path(judge.RUNNER).read_text()
-    assert "from paged_kv_lib.grading import wire" in source and "spec_from_file_location" in source
+def test_the_kernel_side_imports_nothing_of_the_library():
+    """runner.py runs as a file and loads its helpers by path: the grading package (stubbed in the
+    kernel) and the rest of the library are never imported by it."""
+    code = (f"import runpy, sys; runpy.run_path({str(judge.RUNNER)!r}, run_name='loaded'); "
+            "print(sorted(m for m in sys.modules if m.startswith('paged_kv_lib')))")
+    done = subprocess.run([sys.executable, "-s", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+STUCK = '''
+import os, signal, time
+
+
+def check_fine(f):
+    print("PASSED")
+
+
+def check_stuck_in_c(f):
+    # A call that never returns to the interpreter, so SIGALRM cannot reach it (blocked here to make it so).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(600)
+
+
+def check_crash(f):
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("check, line", [
+    ("check_stuck_in_c", "timed out: the grader stopped the judge"),
+    ("check_crash", "the judge was killed by SIGKILL"),
+])
+def test_a_judge_stuck_in_a_c_call_or_killed_costs_one_line_and_the_rest(tmp_path, monkeypatch, check, line):
+    """The grader stops a judge whose check outlives its limit even inside a C call (SIGALRM cannot
+    interrupt it), and a judge that dies is one line: that check fails, the later cells are not run."""
+    from paged_kv_lib.grading import grader
+
+    (tmp_path / "stuck_checks.py").write_text(STUCK)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cells = [{"source": "from stuck_checks import check_fine, " + check, "tags": [], "task": None, "role": None},
+             {"source": "def f():\n    pass", "tags": [], "task": "99.1", "role": "solution"},
+             {"source": "check_fine(f)", "tags": [], "task": "99.1", "role": "check"},
+             {"source": f"{check}(f)", "tags": [], "task": "99.1", "role": "check"},
+             {"source": "check_fine(f)", "tags": [], "task": "99.2", "role": "check"}]
+    results, _ = grader.run_judge(cells, tmp_path / "work", cell_timeout=2, sandbox_mode="none")
+    assert results[2]["outcome"] == "passed", results[2]
+    assert results[3]["outcome"] == "failed" and results[3]["line"].startswith(line), results[3]
+    assert "\n" not in results[3]["line"] and results[3]["detail"] == ""
+    assert results[4]["outcome"] == "failed" and results[4]["line"].startswith("not run: the judge was stopped")
+
+
+PROBE_CHECKS = '''
+from paged_kv_lib.grading._common import run_probe
+from paged_kv_lib.grading.probes import entries_alias, returned_value_is_held
+
+
+def check_mapping_is_a_copy(MyAllocator):
+    a = MyAllocator(8, 4)
+    a.allocate_for_sequence(0, 10)
+    assert not run_probe(returned_value_is_held, a, "get_block_mapping", (0,)), "get_block_mapping handed out its own list"
+    print("PASSED 1")
+
+
+def check_child_has_its_own_list(MyAllocator):
+    a = MyAllocator(8, 4)
+    a.allocate_for_sequence(0, 10)
+    a.fork(0, 1)
+    assert not run_probe(entries_alias, a.tables, 0, 1), "the child got the parent's own list"
+    print("PASSED 2")
+'''
+
+HONEST = "from paged_kv_lib.conformance.starter import SharingStarterAllocator as MyAllocator\n"
+PLANTED = HONEST.replace(" as MyAllocator", "") + (
+    "class MyAllocator(SharingStarterAllocator):\n"
+    "    def get_block_mapping(self, seq_id):\n"
+    "        super().get_block_mapping(seq_id)\n"
+    "        return self.tables[seq_id]\n"
+    "    def fork(self, parent, child):\n"
+    "        super().fork(parent, child)\n"
+    "        self.tables[child] = self.tables[parent]\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["none", "bwrap"])
+def test_identity_checks_fire_under_the_judge_as_in_a_notebook(tmp_path, monkeypatch, mode):
+    """02.4's returned internal list and 03.1's child sharing the parent's list: run_probe runs the
+    probe where the objects live (a handle) and aliasing inside one reply survives the wire, so the
+    planted mistakes fail under the grader as they do in JupyterLab, and the honest class passes."""
+    from paged_kv_lib.grading import checks_03, sandbox
+
+    if mode == "bwrap" and sandbox.bwrap_problem():
+        pytest.skip(sandbox.bwrap_problem())
+    (tmp_path / "probe_checks.py").write_text(PROBE_CHECKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sys.modules.pop("probe_checks", None)
+    checks = ["check_mapping_is_a_copy(MyAllocator)", "check_child_has_its_own_list(MyAllocator)",
+              "check_my_fork(MyAllocator)"]
+    for source, want in ((HONEST, "passed"), (PLANTED, "failed")):
+        cells = [{"source": "from probe_checks import check_mapping_is_a_copy, check_child_has_its_own_list\n"
+                            "from paged_kv_lib.grading.checks_03 import check_my_fork", "tags": [], "task": None,
+                  "role": None},
+                 {"source": source, "tags": [], "task": "99.1", "role": "solution"}]
+        cells += [{"source": c, "tags": [], "task": "99.1", "role": "check"} for c in checks]
+        result = judge.judge({"cells": cells, "timeout": 60, "workdir": str(tmp_path / mode / want),
+                              "resolved_mode": mode})
+        assert result["error"] == "", result
+        outcomes = [(r["outcome"], r["line"]) for r in result["results"][2:]]
+        assert [o for o, _ in outcomes] == [want] * 3, (source, outcomes)
+        if want == "failed":
+            assert "handed out its own list" in outcomes[0][1] and "parent's own list" in outcomes[1][1]
+            assert "a.tables[1] is a.tables[0]" in outcomes[2][1], outcomes[2]
+    assert hasattr(checks_03, "check_my_fork")

@@ -135,9 +135,7 @@ def grade_batch(
             course = None
     pristines = load_pristines(submissions, pristine, course)
     hide = list(hidden) + [s.path.resolve().parent for s in submissions]
-    from . import sandbox
-
-    watch = [] if sandbox_mode != "none" and not sandbox.bwrap_problem() else _watched(course, pristine)
+    watch = _watched(course, pristine)  # with the sandbox on too: a grade is flagged whatever changed the files
     baseline = fingerprint(watch)
     changed_after = ""
     results: List[BatchResult] = []
@@ -155,7 +153,7 @@ def grade_batch(
             report = future.result()
             if watch and not changed_after and fingerprint(watch) != baseline:
                 changed_after = str(futures[future].path)
-            if changed_after:  # without a sandbox a submission rewrote the course: later grades are suspect
+            if changed_after:  # something rewrote the course during the batch: later grades are suspect
                 report.notes.append(f"{TAMPERED} (noticed after grading {changed_after})")
             results.append(BatchResult(futures[future], report))
             if bar is not None:
@@ -166,11 +164,12 @@ def grade_batch(
     return results
 
 
-TAMPERED = "the library or the exercises changed on disk during this unsandboxed batch; grades from then on cannot be trusted"
+TAMPERED = "the library or the exercises changed on disk during this batch; grades from then on cannot be trusted"
 
 
 def _watched(course: Optional[Path], pristine: Optional[Union[str, Path]]) -> List[Path]:
-    """What an unsandboxed submission could rewrite to fool the grades of the ones after it."""
+    """What a submission could rewrite to fool the grades of the ones after it (the sandbox shows the kernel
+    none of it writable; the batch checks anyway, so a hole in the sandbox shows in the gradebook)."""
     library = Path(__file__).resolve().parents[1]
     folders = [library]
     if course is not None:

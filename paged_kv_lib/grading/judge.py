@@ -29,12 +29,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import sandbox, wire
+from . import _common, sandbox, stubs, wire
 from ._common import TaskNotWrittenError, not_written
 
-RUNNER = Path(__file__).with_name("runner.py")
+RUNNER = sandbox.RUNNER
 INTERRUPT_GRACE_S = 3.0
 STARTUP_TIMEOUT_S = 120.0
 
@@ -42,6 +42,12 @@ STARTUP_TIMEOUT_S = 120.0
 class JudgeAbort(BaseException):
     """The kernel timed out, died or broke the protocol: the check cannot go on (not an ``Exception``,
     so a check's ``except Exception`` never swallows it)."""
+
+
+class Refused(BaseException):
+    """A reply the judge does not accept (over a bound, not plain data) or a use of a stubbed module:
+    the check fails with this one line, and the kernel stays usable (not an ``Exception``, so a
+    check's ``except Exception`` never turns it into another message)."""
 
 
 class CheckCellError(ValueError):
@@ -58,16 +64,17 @@ class Session:
     def __init__(self, spec: sandbox.SandboxSpec, mode: str) -> None:
         self.spec = spec
         self.mode = mode
-        self.process = sandbox.start(spec, [sys.executable, "-s", str(RUNNER)], mode)
+        self.process = sandbox.start_kernel(spec, mode)
         assert self.process.stdin is not None and self.process.stdout is not None
         self.write_fd = self.process.stdin.fileno()
         self.read_fd = self.process.stdout.fileno()
         self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
         self.dead = ""
 
-    def request(self, message: Any, timeout: Optional[float] = None) -> Any:
-        """Send a request and wait for its reply; the kernel interrupts itself when its budget runs out
-        (and says so), and a kernel that does not answer within a grace period is killed."""
+    def request(self, message: Any, timeout: Optional[float] = None) -> Tuple[Any, List[bytes]]:
+        """Send a request and wait for its reply (JSON document, blobs); the kernel interrupts itself when
+        its budget runs out (and says so), and a kernel that does not answer within a grace period is killed.
+        A reply over a size bound raises :class:`Refused` (the conversation goes on)."""
         if self.dead:
             raise JudgeAbort(self.dead)
         budget = (self.deadline - time.monotonic()) if timeout is None else timeout
@@ -78,16 +85,18 @@ class Session:
         except OSError:
             self._died()
         try:
-            reply = self._receive(time.monotonic() + budget + INTERRUPT_GRACE_S)
+            document, blobs = self._receive(time.monotonic() + budget + INTERRUPT_GRACE_S)
         except TimeoutError:
             self.close()
             self.dead = "not run: the kernel could not be interrupted after a timeout"
             raise JudgeAbort("timed out; the kernel could not be interrupted, later cells cannot run") from None
-        if type(reply) is tuple and reply[:1] == ("timeout",):
+        if type(document) is not list or not document or type(document[0]) is not str:
+            raise Refused("the kernel sent a malformed reply")
+        if document[0] == "timeout":
             raise JudgeAbort("timed out")
-        return reply
+        return document, blobs
 
-    def _receive(self, deadline: float) -> Any:
+    def _receive(self, deadline: float) -> Tuple[Any, List[bytes]]:
         def wait() -> None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -97,13 +106,15 @@ class Session:
                 raise TimeoutError
 
         try:
-            return wire.loads_plain(wire.receive(self.read_fd, wait))
+            payload = wire.receive(self.read_fd, wait)
         except EOFError:
             self._died()
+        except wire.OversizeError as exc:
+            raise Refused(f"refused the learner's reply: {exc}") from None
+        try:
+            return wire.unpack_reply(payload)
         except wire.WireError as exc:
-            self.close()
-            self.dead = f"not run: the kernel broke the protocol ({exc})"
-            raise JudgeAbort(f"the kernel sent an unreadable reply ({exc})") from None
+            raise Refused(f"refused the learner's reply: {exc}") from None
 
     def _died(self) -> Any:
         self.close()
@@ -111,7 +122,7 @@ class Session:
         raise JudgeAbort("the kernel died while running this (a crash, or exit()/os._exit() in the code)")
 
     def close(self) -> None:
-        sandbox.stop(self.process)
+        sandbox.stop(self.process, self.spec)
 
 
 # ---------------------------------------------------------------------------------------
@@ -140,56 +151,76 @@ _BUILTIN_EXCEPTIONS = {
 }
 
 
+def library_errors() -> Dict[str, type]:
+    """The library's error classes by name (those ``paged_kv_lib.errors`` defines)."""
+    from .. import errors
+
+    return {name: value for name, value in vars(errors).items()
+            if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
+
+
 class Caller:
     """Makes the kernel requests of one check and turns replies into values, errors and argument updates."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def decode(self, data: Any) -> Any:
-        return wire.Decoder(lambda key, kind: Remote(self, key, kind)).decode(data)
+    def decode(self, data: Any, blobs: List[bytes]) -> Any:
+        try:
+            return wire.Decoder(lambda key, kind: Remote(self, key, kind), blobs).decode(data)
+        except wire.WireError as exc:
+            raise Refused(f"refused the learner's reply: {exc}") from None
 
     def request(self, op: str, ref: Any, args: Tuple[Any, ...] = (), kwargs: Optional[Dict[str, Any]] = None) -> Any:
         kwargs = kwargs or {}
         message = (op, ref, [_dumps(a) for a in args], {k: _dumps(v) for k, v in kwargs.items()})
-        reply = self.session.request(message)
+        reply, blobs = self.session.request(message)
         error: Optional[BaseException] = None
         try:
             status = reply[0]
             changed = reply[4] if status == "raised" else reply[2]
             for key, state in changed:
                 original = args[key] if type(key) is int else kwargs[key]
-                restore(original, self.decode(state))
+                restore(original, self.decode(state, blobs))
             if status == "ok":
-                return self.decode(reply[1])
+                return self.decode(reply[1], blobs)
             if status != "raised":
                 raise ValueError(f"unknown reply {status!r}")
             error = self.exception(reply)
-        except (IndexError, KeyError, TypeError, ValueError, AttributeError, wire.WireError) as exc:
-            raise JudgeAbort(f"the kernel sent a malformed reply ({type(exc).__name__}: {exc})") from None
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise Refused(f"the kernel sent a malformed reply ({type(exc).__name__})") from None
         raise error
 
-    def exception(self, reply: Tuple[Any, ...]) -> BaseException:
-        module, qualname, message = str(reply[1]), str(reply[2]), str(reply[3])[:4000]
+    def probe(self, function: Any, args: Tuple[Any, ...]) -> Any:
+        """Run a probe of :mod:`.probes` in the kernel, on the learner's objects; its plain answer."""
+        message = ("probe", str(function.__name__), [_dumps(a) for a in args])
+        reply, _ = self.session.request(message)
+        if reply[0] == "raised":
+            raise self.exception(reply)
+        value = reply[1] if reply[0] == "ok" and len(reply) > 1 else None
+        if reply[0] != "ok" or type(value) not in (bool, int, float, str, type(None)):
+            raise Refused(f"the probe {function.__name__} sent back something that is not a plain answer")
+        return value
+
+    def exception(self, reply: List[Any]) -> BaseException:
+        """The learner's exception, rebuilt by name: a builtin or a library error, else RuntimeError."""
+        module, qualname, message = str(reply[1])[:200], str(reply[2])[:200], str(reply[3])[:4000]
+        if qualname == stubs.ERROR_NAME:
+            raise Refused(_first_line(message) or message)
         cls: Optional[type] = None
-        if module == "builtins" and qualname in _BUILTIN_EXCEPTIONS:
-            cls = _BUILTIN_EXCEPTIONS[qualname]
-        elif module.startswith("paged_kv_lib.") and not module.startswith("paged_kv_lib.grading"):
-            try:
-                found = wire.library_class(module, qualname)
-                cls = found if issubclass(found, Exception) else None
-            except wire.WireError:
-                cls = None
+        if module == "builtins":
+            cls = _BUILTIN_EXCEPTIONS.get(qualname)
+        elif module == "paged_kv_lib" or module.startswith("paged_kv_lib."):
+            cls = library_errors().get(qualname)
         if cls is None:
-            exc: BaseException = RuntimeError(f"{qualname}: {message}")
-        else:
-            created: Any = BaseException.__new__(cls)
-            created.args = (message,)
-            exc = created
-            for name, value in (reply[5] if len(reply) > 5 else []):
-                if type(name) is str and not name.startswith("_"):
-                    setattr(exc, name, self.decode(value))
-        return exc
+            return RuntimeError(f"{qualname}: {message}")
+        created: Any = BaseException.__new__(cls)
+        created.args = (message,)
+        for pair in (reply[5] if len(reply) > 5 and type(reply[5]) is list else []):
+            if type(pair) is list and len(pair) == 2 and type(pair[0]) is str and pair[0].isidentifier() \
+                    and not pair[0].startswith("_") and type(pair[1]) in (int, float, bool, str, type(None)):
+                setattr(created, pair[0], pair[1])
+        return created
 
 
 def restore(original: Any, new: Any) -> None:
@@ -378,19 +409,25 @@ def run_check(check: CheckCall, session: Session, timeout: float) -> Tuple[bool,
         kind, item = arg
         if kind == "value":
             return item
-        return caller.decode(_global(session, item))
+        return _global(session, caller, item)
+
+    def probe(fn: Any, *args: Any) -> Any:
+        if any(type(a) is Remote for a in args):
+            return caller.probe(fn, args)
+        return fn(*args)
 
     session.deadline = time.monotonic() + timeout
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout + 2 * INTERRUPT_GRACE_S + 5)
     output = io.StringIO()
+    _common.PROBE_RUNNER = probe
     try:
         with contextlib.redirect_stdout(output):
             args = [value(a) for a in check.args]
             kwargs = {k: value(v) for k, v in check.kwargs}
             function(*args, **kwargs)
-    except JudgeAbort as exc:
-        return False, str(exc), ""
+    except (JudgeAbort, Refused) as exc:
+        return False, _first_line(str(exc)) or type(exc).__name__, ""
     except TaskNotWrittenError as exc:
         return False, str(exc), ""
     except NotImplementedError as exc:  # a check that calls learner code directly
@@ -398,22 +435,25 @@ def run_check(check: CheckCall, session: Session, timeout: float) -> Tuple[bool,
     except AssertionError as exc:
         text = str(exc).strip() or "the check failed"
         return False, _first_line(text), text
+    except RecursionError:
+        return False, "the learner's value is nested too deeply (or contains itself) to be checked", ""
     except Exception as exc:  # noqa: BLE001 - e.g. the learner's name is missing: a failed check
         text = f"{type(exc).__name__}: {exc}"
         return False, _first_line(text), text
     finally:
+        _common.PROBE_RUNNER = None
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     return True, "", ""
 
 
-def _global(session: Session, name: str) -> Any:
-    reply = session.request(("global", name))
-    if type(reply) is tuple and reply and reply[0] == "ok":
-        return reply[1]
-    if type(reply) is tuple and len(reply) > 3 and reply[0] == "raised":
+def _global(session: Session, caller: Caller, name: str) -> Any:
+    reply, blobs = session.request(("global", name))
+    if reply[0] == "ok" and len(reply) > 1:
+        return caller.decode(reply[1], blobs)
+    if reply[0] == "raised" and len(reply) > 3:
         raise NameError(str(reply[3])[:300])
-    raise JudgeAbort("the kernel sent a malformed reply")
+    raise Refused("the kernel sent a malformed reply")
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -431,60 +471,77 @@ def _first_line(text: str) -> str:
 # A whole notebook
 
 
-def judge(job: Dict[str, Any]) -> Dict[str, Any]:
-    """Run a job: ``cells`` (source, task, role, tags), ``timeout``, sandbox settings. Returns per-cell results."""
+Emit = Callable[[Dict[str, Any]], None]
+
+
+def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
+    """Run a job: ``cells`` (source, task, role, tags), ``timeout``, sandbox settings, ``exercise`` and
+    ``forbidden`` (the modules the kernel sees as stubs). Returns per-cell results; ``emit``, when given,
+    hears ``{"cell": i, "limit": s}`` before each cell and ``{"result": entry}`` after it (the grader
+    stops a judge whose cell runs past its limit)."""
     mode = job.get("resolved_mode", "none")
     spec = sandbox.SandboxSpec(
         mode=mode, workdir=Path(job["workdir"]), hidden=[Path(p) for p in job.get("hidden", [])],
         cpu_seconds=int(job.get("cpu_seconds", 600)), memory_bytes=int(job.get("memory_bytes", sandbox.DEFAULT_MEMORY_BYTES)),
+        exercise=str(job.get("exercise", "")), forbidden=tuple(str(m) for m in job.get("forbidden", ())),
     )
     timeout = float(job["timeout"])
     cells: List[Dict[str, Any]] = job["cells"]
     trusted = [c["source"] for c in cells if c.get("role") != "solution"]
     known = imported_names(trusted)
     results: List[Dict[str, Any]] = []
+    tell: Emit = emit or (lambda event: None)
+    tell({"cell": -1, "limit": STARTUP_TIMEOUT_S + 60})
     session = Session(spec, mode)
     _preload_checks(cells, known)
     try:
         try:
             session.request(("ping",), timeout=STARTUP_TIMEOUT_S)
-        except JudgeAbort as exc:
-            return {"results": [], "error": f"the learner's kernel did not start: {exc}"}
+        except (JudgeAbort, Refused) as exc:
+            return {"results": [], "error": f"the learner's kernel did not start: {exc}", "limits": spec.applied}
         for index, cell in enumerate(cells):
-            tags = cell.get("tags", [])
-            entry: Dict[str, Any] = {"index": index, "outcome": "passed", "line": "", "detail": ""}
-            if "nbval-skip" in tags:
-                entry["outcome"] = "skipped"
-            elif cell.get("role") == "check":
-                if session.dead:
-                    entry.update(outcome="failed", line=session.dead)
-                else:
-                    try:
-                        ok, line, detail = run_check(parse_check_cell(cell["source"], known), session, timeout)
-                    except CheckCellError as exc:
-                        ok, line, detail = False, f"the pristine check cell cannot be judged: {exc}", ""
-                    if not ok:
-                        entry.update(outcome="failed", line=line, detail=detail)
-            elif session.dead:
-                entry.update(outcome="failed", line=session.dead)
-            else:
-                try:
-                    reply = session.request(("exec", cell["source"]), timeout=timeout)
-                    if reply[0] != "ok" and "raises-exception" not in tags:
-                        text = _clean(str(reply[3]))
-                        entry.update(outcome="failed", line=_first_line(text) or str(reply[2]), detail=text)
-                except JudgeAbort as exc:
-                    line = str(exc)
-                    if line.startswith("timed out"):
-                        line = f"timed out: the cell ran longer than {timeout:g} s (an endless loop?)" + (
-                            "; the kernel could not be interrupted, later cells cannot run" if session.dead else "")
-                    entry.update(outcome="failed", line=line)
-                except (IndexError, TypeError):
-                    entry.update(outcome="failed", line="the kernel sent a malformed reply")
+            tell({"cell": index, "limit": timeout + 2 * INTERRUPT_GRACE_S + 10})
+            entry = _run_cell(index, cell, session, known, timeout)
             results.append(entry)
+            tell({"result": entry})
     finally:
         session.close()
-    return {"results": results, "error": ""}
+    return {"results": results, "error": "", "limits": spec.applied}
+
+
+def _run_cell(index: int, cell: Dict[str, Any], session: Session, known: Dict[str, Tuple[str, str]],
+              timeout: float) -> Dict[str, Any]:
+    tags = cell.get("tags", [])
+    entry: Dict[str, Any] = {"index": index, "outcome": "passed", "line": "", "detail": ""}
+    if "nbval-skip" in tags:
+        entry["outcome"] = "skipped"
+    elif cell.get("role") == "check":
+        if session.dead:
+            entry.update(outcome="failed", line=session.dead)
+        else:
+            try:
+                ok, line, detail = run_check(parse_check_cell(cell["source"], known), session, timeout)
+            except CheckCellError as exc:
+                ok, line, detail = False, f"the pristine check cell cannot be judged: {exc}", ""
+            if not ok:
+                entry.update(outcome="failed", line=line, detail=detail)
+    elif session.dead:
+        entry.update(outcome="failed", line=session.dead)
+    else:
+        try:
+            reply, _ = session.request(("exec", cell["source"]), timeout=timeout)
+            if reply[0] != "ok" and "raises-exception" not in tags:
+                text = _clean(str(reply[3]))
+                entry.update(outcome="failed", line=_first_line(text) or str(reply[2]), detail=text)
+        except (JudgeAbort, Refused) as exc:
+            line = str(exc)
+            if line.startswith("timed out"):
+                line = f"timed out: the cell ran longer than {timeout:g} s (an endless loop?)" + (
+                    "; the kernel could not be interrupted, later cells cannot run" if session.dead else "")
+            entry.update(outcome="failed", line=line)
+        except (IndexError, TypeError):
+            entry.update(outcome="failed", line="the kernel sent a malformed reply")
+    return entry
 
 
 def _preload_checks(cells: List[Dict[str, Any]], known: Dict[str, Tuple[str, str]]) -> None:
@@ -516,18 +573,23 @@ def _clean(text: str) -> str:
 
 
 def main() -> int:
-    """Read a job on stdin, write the result on stdout (the only thing written there)."""
+    """Read a job on stdin; write one JSON line per event on stdout (the only thing written there),
+    the last one ``{"done": ...}`` with the whole result."""
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     sys.stdout = open(os.devnull, "w")
     sys.setrecursionlimit(10_000)
     job = json.loads(sys.stdin.read())
+
+    def emit(event: Dict[str, Any]) -> None:
+        out.write(json.dumps(event) + "\n")
+        out.flush()
+
     try:
-        result = judge(job)
+        result = judge(job, emit)
     except sandbox.SandboxUnavailableError as exc:
         result = {"results": [], "error": str(exc)}
-    out.write(json.dumps(result))
-    out.flush()
+    emit({"done": result})
     return 0
 
 

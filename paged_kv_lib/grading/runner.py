@@ -3,15 +3,17 @@
 The grader starts this program (inside the sandbox when there is one) with two pipes.
 It runs code cells in an IPython shell, as a notebook kernel would, and answers
 requests: look up a global, call something, read or set an attribute, apply a builtin
-(``len``, ``repr``, indexing...). Replies hold only plain data (see :mod:`.wire`);
-objects that are not data stay here behind numbered handles.
+(``len``, ``repr``, indexing...), run a probe (:mod:`.probes`) on the learner's objects.
+Replies are plain data (JSON and byte blobs, see :mod:`.wire`); objects that are not data
+stay here behind numbered handles.
 
 Nothing here is trusted: the learner's code runs in this process and may change any of
 it. The grader therefore treats every reply as untrusted data and computes the verdict
 itself.
 
-Run as a file (``python runner.py``), not as ``-m``, so that starting it does not import
-the grading package and its checks.
+Run as a file (``python runner.py``), not as ``-m``: it loads ``wire.py``, ``stubs.py`` and
+``probes.py`` from its own folder by path, so the grading package and its checks are
+never imported here (in the sandbox they are stubs).
 """
 
 from __future__ import annotations
@@ -24,19 +26,53 @@ import sys
 import traceback
 from typing import Any, Callable, Dict, List, Tuple
 
+_CLONE_NEWUSER = 0x10000000
+_PR_SET_DUMPABLE = 4
+
+
+def _drop_root() -> None:
+    """Started as root in the sandbox (a root grader): become the kernel's own unprivileged uid, enter a
+    user namespace that maps it to 65534 there, and start again (so no capability is left in any namespace)."""
+    wanted = os.environ.pop("PAGED_KV_KERNEL_UID", "")
+    if not wanted or os.getuid() != 0:
+        return
+    import ctypes
+
+    uid = int(wanted)
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # a uid change made /proc/self root's; the maps below need it ours
+    if libc.unshare(_CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "the kernel cannot enter a user namespace")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"65534 {uid} 1"), ("gid_map", f"65534 {uid} 1")):
+        with open(f"/proc/self/{name}", "w") as handle:
+            handle.write(text)
+    os.execv(sys.executable, [sys.executable, "-s", os.path.abspath(__file__)])
+
+
+_drop_root()
 _here = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0] or ".") == _here:
     sys.path.pop(0)  # this folder's modules must not shadow the learner's imports
-if "paged_kv_lib.grading.wire" in sys.modules:
-    from paged_kv_lib.grading import wire
-else:  # load the wire module by path without importing the grading package (and its checks)
+
+
+def _load(name: str) -> Any:
+    """A module of this folder, loaded by path (the grading package itself is not importable here)."""
     import importlib.util
 
-    _spec = importlib.util.spec_from_file_location("paged_kv_grading_wire", os.path.join(_here, "wire.py"))
-    assert _spec is not None and _spec.loader is not None
-    wire = importlib.util.module_from_spec(_spec)
-    sys.modules["paged_kv_grading_wire"] = wire
-    _spec.loader.exec_module(wire)
+    spec = importlib.util.spec_from_file_location(f"paged_kv_grading_{name}", os.path.join(_here, f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+wire = _load("wire")
+stubs = _load("stubs")
+probes = _load("probes")
 
 MAX_TEXT = 4000
 
@@ -56,7 +92,12 @@ class _Server:
     # -- replies -----------------------------------------------------------------------
 
     def reply(self, message: Any) -> None:
-        wire.send(self.write_fd, pickle.dumps(message, protocol=4))
+        try:
+            payload = self.encoder.reply(message)
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+            payload = self.encoder.reply(["raised", "builtins", "ValueError",
+                                          f"the value cannot be sent to the grader ({type(exc).__name__})", []])
+        wire.send(self.write_fd, payload)
 
     def encoded(self, value: Any) -> Any:
         return self.encoder.encode(value)
@@ -80,9 +121,11 @@ class _Server:
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except KeyboardInterrupt:
-                answer = ("raised", "builtins", "KeyboardInterrupt", "interrupted", [])
+                answer = ["raised", "builtins", "KeyboardInterrupt", "interrupted", []]
+            except RecursionError:
+                answer = ["raised", "builtins", "RecursionError", "the value is nested too deeply to send", []]
             if self.fired:
-                answer = ("timeout",)
+                answer = ["timeout"]
             self.reply(answer)
 
     def _alarm(self, signum: int, frame: Any) -> None:
@@ -96,20 +139,40 @@ class _Server:
         if op == "global":
             name = request[1]
             if name not in self.ns:
-                return ("raised", "builtins", "NameError",
-                        f"name {name!r} is not defined (run the cell that defines it)", [])
-            return ("ok", self.encoded(self.ns[name]), [])
+                return ["raised", "builtins", "NameError",
+                        f"name {name!r} is not defined (run the cell that defines it)", []]
+            return ["ok", self.encoded(self.ns[name]), []]
         if op == "ping":
-            return ("ok", "pong", [])
+            return ["ok", "pong", []]
+        if op == "probe":
+            return self.probe(request[1], request[2])
         return self.call(request)
+
+    def probe(self, name: str, arg_blobs: List[bytes]) -> Any:
+        """Run a function of probes.py on the learner's objects here; only a plain answer goes back."""
+        function = getattr(probes, name, None)
+        if name.startswith("_") or getattr(function, "__module__", None) != probes.__name__ or not callable(function):
+            return ["raised", "builtins", "LookupError", f"no probe named {name!r}", []]
+        try:
+            value = function(*[self.load(b) for b in arg_blobs])
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the learner's object raised inside the probe
+            return ["raised", type(exc).__module__, type(exc).__qualname__, _text(exc), [], self.exc_state(exc)]
+        if type(value) not in (bool, int, float, str, type(None)):
+            return ["raised", "builtins", "TypeError", f"probe {name} gave a {type(value).__name__}", []]
+        return ["ok", value, []]
 
     def exec_cell(self, source: str) -> Any:
         result = self.shell.run_cell(source, store_history=False)
         error = result.error_before_exec or result.error_in_exec
         if error is None:
-            return ("ok", None, [])
-        text = "".join(traceback.format_exception_only(type(error), error)).strip()
-        return ("raised", type(error).__module__, type(error).__qualname__, text[:MAX_TEXT], [])
+            return ["ok", None, []]
+        if type(error).__name__ == stubs.ERROR_NAME:
+            text = _text(error)
+        else:
+            text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        return ["raised", type(error).__module__, type(error).__qualname__, text[:MAX_TEXT], []]
 
     def resolve(self, ref: Any) -> Any:
         if ref[0] == "handle":
@@ -136,8 +199,9 @@ class _Server:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - every learner error goes back as data
-            return ("raised", type(exc).__module__, type(exc).__qualname__, _text(exc), self.changed(arg_blobs, args, kwarg_blobs, kwargs), self.exc_state(exc))
-        return ("ok", self.encoded(value), self.changed(arg_blobs, args, kwarg_blobs, kwargs))
+            return ["raised", type(exc).__module__, type(exc).__qualname__, _text(exc),
+                    self.changed(arg_blobs, args, kwarg_blobs, kwargs), self.exc_state(exc)]
+        return ["ok", self.encoded(value), self.changed(arg_blobs, args, kwarg_blobs, kwargs)]
 
     def load(self, blob: bytes) -> Any:
         return _Loader(io.BytesIO(blob), self.handles).load()
@@ -155,12 +219,12 @@ class _Server:
             except Exception:  # noqa: BLE001
                 now = None
             if now != blob:
-                out.append((key, self.encoded(value)))
+                out.append([key, self.encoded(value)])
         return out
 
     def exc_state(self, exc: BaseException) -> List[Any]:
-        return [(k, self.encoded(v)) for k, v in getattr(exc, "__dict__", {}).items()
-                if type(v) in (int, float, str, bool, type(None))]
+        return [[k, v] for k, v in getattr(exc, "__dict__", {}).items()
+                if type(k) is str and (type(v) in (int, float, bool, type(None)) or (type(v) is str and len(v) < MAX_TEXT))]
 
 
 def _text(exc: BaseException) -> str:
@@ -210,7 +274,12 @@ class _Dumper(pickle.Pickler):
 
 
 def main() -> None:
-    """Take the two pipes off stdin and stdout, point the standard streams at /dev/null, serve."""
+    """Take the two pipes off stdin and stdout, point the standard streams at /dev/null, serve.
+
+    ``PAGED_KV_FORBIDDEN`` (module names, comma-separated) and ``PAGED_KV_EXERCISE`` install the
+    stub import hook (``--sandbox none``; in the sandbox the library copy holds the stubs)."""
+    forbidden = [m for m in os.environ.pop("PAGED_KV_FORBIDDEN", "").split(",") if m]
+    stubs.install_hook(forbidden, os.environ.pop("PAGED_KV_EXERCISE", "??"))
     read_fd = os.dup(0)
     write_fd = os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)

@@ -1,0 +1,56 @@
+"""What the learner's kernel sees in the sandbox (issue 23): no capabilities, an unprivileged uid
+even under root, Python and the staged library only, and a mount table that names no learner."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from paged_kv_lib.grading import judge, sandbox
+
+LOOK = r'''
+import json, os, sys
+status = open("/proc/self/status").read()
+info = {
+    "cap_eff": [l.split()[1] for l in status.splitlines() if l.startswith("CapEff")][0],
+    "uid_map": open("/proc/self/uid_map").read().split(),
+    "uid": os.getuid(),
+    "mounts": open("/proc/self/mountinfo").read(),
+    "exists": {p: os.path.exists(p) for p in PATHS},
+    "library": __import__("paged_kv_lib").__file__,
+    "home": os.getcwd(),
+}
+raise ValueError("VIEW" + json.dumps(info))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(bool(sandbox.bwrap_problem()), reason=f"no sandbox: {sandbox.bwrap_problem()}")
+def test_the_kernel_sees_no_capability_no_root_no_checkout_and_no_learner_name(tmp_path):
+    checkout = sandbox.checkout_root()
+    learner_folder = tmp_path / "class" / "alice_smith"
+    learner_folder.mkdir(parents=True)
+    bound = sandbox.python_paths()
+    home = [str(p) for p in Path.home().iterdir() if not any(b == p or p in b.parents for b in bound)]
+    paths = [str(checkout / ".git"), str(checkout / "tests"), str(checkout / "exercises" / "solutions"),
+             str(learner_folder), *home[:20]]
+    cells = [{"source": f"PATHS = {paths!r}\n" + LOOK, "tags": [], "task": None, "role": None}]
+    result = judge.judge({"cells": cells, "timeout": 60, "workdir": str(tmp_path / "w" / "work"),
+                          "resolved_mode": "bwrap", "hidden": [str(tmp_path / "class")]})
+    detail = result["results"][0]["detail"]
+    info = json.loads(detail[detail.index("VIEW") + 4:])
+    assert info["cap_eff"] == "0000000000000000"
+    assert info["uid"] == 65534
+    inside, outside, count = info["uid_map"]
+    assert inside == "65534" and count == "1"
+    if os.geteuid() == 0:
+        assert int(outside) >= sandbox.KERNEL_UID_BASE, info["uid_map"]  # root's kernel is a uid of its own
+    assert not any(info["exists"].values()), info["exists"]
+    assert info["library"].startswith(sandbox.INSIDE + "/lib/"), info["library"]
+    assert info["home"] == sandbox.INSIDE_HOME
+    assert "alice_smith" not in info["mounts"] and str(checkout / ".git") not in info["mounts"]
+    assert "limits" in result and "memory" in result["limits"]
