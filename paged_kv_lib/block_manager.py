@@ -312,18 +312,17 @@ class BlockManager:
             return {}
         needed = 0
         growers: Dict[int, int] = {}
-        plain: List[Tuple[int, BlockTable, int]] = []  # (seq id, table, new blocks): only whole new blocks
-        checked: List[Tuple[int, BlockTable]] = []  # copy-on-write or content keys: through _grow
+        # (seq id, table, new blocks) where the table's blocks are full and it tracks no content, else
+        # (seq id, table, 0): copy-on-write or content keys, through the checked path of append_tokens.
+        grow: List[Tuple[int, BlockTable, int]] = []
         for seq_id, table in slow:
             new_blocks, copy = self._append_cost(table, num_tokens)
             needed += new_blocks
             if copy:
                 tail = table.block_ids[-1]
                 growers[tail] = growers.get(tail, 0) + 1
-            if copy or table.token_ids is not None:
-                checked.append((seq_id, table))
-            else:
-                plain.append((seq_id, table, new_blocks))
+            plain = not copy and table.token_ids is None
+            grow.append((seq_id, table, new_blocks if plain else 0))
         needed += sum(min(k, self._blocks[tail].ref_count - 1) for tail, k in growers.items())
         if needed > len(self._free):
             if tokens is None:  # refused: take back the fast path's growth, so nothing changed
@@ -333,22 +332,18 @@ class BlockManager:
                         table.num_tokens -= num_tokens
             raise OutOfBlocksError(needed, len(self._free), f"grow {len(ids)} sequences by {num_tokens}")
         placed: Dict[int, Tuple[int, ...]] = {}
-        if plain:  # all their new blocks in one pop; each table's last block is then its own and empty
-            new_ids = self._take_blocks(sum(n for _, _, n in plain))
-            at = 0
-            block_size = self.block_size
-            for seq_id, table, n in plain:
-                got = new_ids[at : at + n]
-                at += n
+        index = {seq_id: i for i, seq_id in enumerate(ids)} if tokens is not None else None
+        block_size = self.block_size
+        for seq_id, table, n in grow:  # in the listed order, so block ids go out as one call per sequence
+            if n:  # full blocks, no content: just new blocks, and the last one is the table's own
+                got = self._take_blocks(n)
                 table.block_ids += got
                 table.num_tokens += num_tokens
                 table.append_limit = len(table.block_ids) * block_size
+            else:
+                got = self._grow(seq_id, table, num_tokens, None if tokens is None or index is None else tokens[index[seq_id]])
+            if got:
                 placed[seq_id] = tuple(got)
-        index = {seq_id: i for i, seq_id in enumerate(ids)} if tokens is not None else None
-        for seq_id, table in checked:
-            new = self._grow(seq_id, table, num_tokens, None if tokens is None or index is None else tokens[index[seq_id]])
-            if new:
-                placed[seq_id] = new
         return placed
 
     def _refuse_batch(self, ids: Sequence[object]) -> None:

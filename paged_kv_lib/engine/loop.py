@@ -13,7 +13,7 @@ import torch
 from .._validate import as_count, as_iterable
 from ..allocator import PagedKVCacheAllocator
 from ..attention import check_supported
-from ..errors import InvalidTypeError
+from ..errors import InvalidArgumentError, InvalidTypeError
 from ..model import TinyTransformer, check_temperature, encode, sample_generator, sample_token
 from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status, TokenEvent
 from .requests import UnknownRequestError, UnsupportedModelError
@@ -60,12 +60,12 @@ class Engine:
         self.allocator = allocator
         self.max_batch_size = as_count(max_batch_size, "max_batch_size", minimum=1)
         if isinstance(watermark, bool) or not isinstance(watermark, (int, float)):
-            raise TypeError(f"watermark must be a float, got {type(watermark).__name__} {watermark!r}")
+            raise InvalidTypeError(f"watermark must be a float, got {type(watermark).__name__} {watermark!r}")
         if not 0.0 <= watermark < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+            raise InvalidArgumentError(f"watermark must be in [0, 1), got {watermark!r}")
         self.watermark = float(watermark)
         if preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+            raise InvalidArgumentError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
         self.preemption_mode = preemption_mode
         self.max_num_batched_tokens = (
             sys.maxsize if max_num_batched_tokens is None
@@ -108,7 +108,7 @@ class Engine:
         max_new_tokens = as_count(max_new_tokens, "max_new_tokens", minimum=1)
         n = as_count(n, "n", minimum=1)
         if n > self.max_batch_size:
-            raise ValueError(f"n={n} samples can never run together: max_batch_size is {self.max_batch_size}")
+            raise InvalidArgumentError(f"n={n} samples can never run together: max_batch_size is {self.max_batch_size}")
         temperature = check_temperature(temperature)
         if seed is not None:
             seed = as_count(seed, "seed")
@@ -130,16 +130,16 @@ class Engine:
 
     def _token_list(self, prompt: Sequence[int]) -> List[int]:
         if isinstance(prompt, (bytes, bytearray)):
-            raise TypeError("prompt must be a str or a sequence of token ids, got bytes (decode it, or list() it)")
+            raise InvalidTypeError("prompt must be a str or a sequence of token ids, got bytes (decode it, or list() it)")
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.reshape(-1).tolist()
         ids = [as_count(t, "token id") for t in prompt]
         if not ids:
-            raise ValueError("the prompt must hold at least one token")
+            raise InvalidArgumentError("the prompt must hold at least one token")
         vocab = self.model.config.vocab_size
         for t in ids:
             if t >= vocab:
-                raise ValueError(f"token id {t} is outside the vocabulary [0, {vocab})")
+                raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {vocab})")
         return ids
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int, n: int) -> None:
@@ -384,7 +384,7 @@ class Engine:
         alloc = self.allocator
         preempted = 0
         while True:
-            decodes = [(r, s) for r in self.running for s in r.live_samples() if s.prefill is None][:budget]
+            decodes = [(r, s) for r in self.running for s in r.resident_samples() if s.prefill is None][:budget]
             if not decodes or alloc.can_append([s.seq_id for _, s in decodes]):
                 break
             self._preempt(self.running[-1])  # the newest request; off the list once that worked (see step())
