@@ -37,7 +37,9 @@ class Engine:
         max_num_batched_tokens: most tokens one step computes (``None``: no limit). Decodes
             come first (one token each), then prompt chunks: a prompt longer than what is left
             spreads over several steps, its sequence growing chunk by chunk (chunked prefill,
-            as vLLM v1 schedules). Tokens found in the prefix cache are not computed, so not counted.
+            as vLLM v1 schedules), in one forward with the decodes. Tokens found in the prefix
+            cache are not computed, so not counted. With no limit a step decodes first, then
+            admits into the blocks finished requests freed and prefills those prompts whole.
     """
 
     def __init__(
@@ -238,16 +240,26 @@ class Engine:
             preempted += 1
             chunks = self._schedule_chunks(budget)
         budget -= sum(len(c.tokens) for c in chunks)
-        if not preempted:
-            chunks += self._admit(budget)
-        if not self.running and self.waiting and not preempted and not chunks:
+        if self.max_num_batched_tokens == sys.maxsize:
+            # No budget: decode, then admit into what the finished requests freed, and prefill the
+            # admitted prompts whole in a second forward (the order the scheduler had before budgets,
+            # which lesson 07's model-free scheduler replays step for step).
+            generated = self._forward(decodes, chunks)
+            self._retire_finished()
+            admitted = [] if preempted else self._admit(budget)
+            generated += self._forward([], admitted)
+            chunks += admitted
+        else:
+            # A budget: decodes and prompt chunks share one forward (as vLLM v1 runs a step).
+            if not preempted:
+                chunks += self._admit(budget)
+            generated = self._forward(decodes, chunks)
+        if not self.running and self.waiting and not preempted and not chunks and not decodes:
             head = self.waiting[0]
             raise RuntimeError(  # guarded against by _check_fits; a bug if it happens
                 f"engine stalled: request {head.request_id} cannot be admitted into an idle pool "
                 f"({alloc.num_free_blocks}/{alloc.num_blocks} blocks free)"
             )
-        self._peak_this_step = max(self._peak_this_step, alloc.num_used_blocks)
-        generated = self._forward(decodes, chunks)
         self._retire_finished()
         elapsed = time.perf_counter() - start
 
@@ -449,7 +461,8 @@ class Engine:
 
     # ------------------------------------------------------------ the forward
     def _forward(self, decodes: List[Tuple[Request, Sample]], chunks: List[Chunk]) -> int:
-        """Run every decode and prompt chunk of the step in one forward, sample; returns tokens generated."""
+        """Run these decodes and prompt chunks in one forward, sample; returns tokens generated."""
+        self._peak_this_step = max(self._peak_this_step, self.allocator.num_used_blocks)
         if not decodes and not chunks:
             return 0
         alloc = self.allocator
