@@ -63,7 +63,7 @@ def workloads() -> List[Workload]:
     prefix = [256] + text[:127]  # 128 tokens, shared by every prompt below
     shared = [prefix + p[1:] for p in mixed]
     single = [[256] + text[5000:5100]]
-    many = [[256] + text[8000 + 61 * i : 8000 + 61 * i + lengths[i % 32] - 1] for i in range(128)]
+    many = [[256] + text[200 + 53 * i : 200 + 53 * i + lengths[i % 32] - 1] for i in range(128)]  # in the corpus
     return [
         ("mixed, 32 prompts of 9-201 tokens, 64 new each", mixed, 64, False),
         ("shared 128-token prefix + the same 32, 64 new each", shared, 64, True),

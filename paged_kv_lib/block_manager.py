@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_ids
 from .block import Block, blocks_needed, cdiv
@@ -336,17 +336,18 @@ class BlockManager:
         block_size = self.block_size
         for seq_id, table, n in grow:  # in the listed order, so block ids go out as one call per sequence
             if n:  # full blocks, no content: just new blocks, and the last one is the table's own
-                got = self._take_blocks(n)
-                table.block_ids += got
+                new_ids = self._take_blocks(n)
+                table.block_ids += new_ids
                 table.num_tokens += num_tokens
                 table.append_limit = len(table.block_ids) * block_size
+                got = tuple(new_ids)
             else:
                 got = self._grow(seq_id, table, num_tokens, None if tokens is None or index is None else tokens[index[seq_id]])
             if got:
-                placed[seq_id] = tuple(got)
+                placed[seq_id] = got
         return placed
 
-    def _refuse_batch(self, ids: Sequence[object]) -> None:
+    def _refuse_batch(self, ids: Sequence[Any]) -> None:
         """Raise the typed error for the first bad id of a batch: not an int, unknown, swapped out, or repeated."""
         seen = set()
         for seq_id in ids:

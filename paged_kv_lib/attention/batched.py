@@ -96,7 +96,6 @@ def plan_batch(
     chunks) get buckets of their own, attended as decodes, so no decode pads its query up
     to a prompt chunk's length.
     """
-    device = block_tables.device
     lens = [int(n) for n in seq_lens.tolist()]
     starts = None if query_start_loc is None else [int(x) for x in query_start_loc.tolist()]
     q_lens = None if starts is None else [b - a for a, b in zip(starts, starts[1:])]
