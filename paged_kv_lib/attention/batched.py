@@ -17,11 +17,13 @@ arithmetic for every sequence together, which is what the torch backend runs:
    per sequence and runs torch's fused ``scaled_dot_product_attention`` in float32.
 
 A plan depends only on the block tables and lengths, so a model builds it once per step
-and reuses it in every layer.
+and reuses it in every layer; the index ranges that depend on a shape alone (key positions,
+K/V head offsets, query offsets) are built once per shape and kept.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -186,8 +188,8 @@ def _plan_bucket(
     num_blocks = min(block_tables.shape[1], -(-longest // block_size))
     width = num_blocks * block_size
     ids = block_tables[:, :num_blocks].long().clamp(min=0)
-    rows = (ids[:, None, :] * kv_heads + torch.arange(kv_heads, device=device)[None, :, None]).reshape(-1)
-    key_pos = torch.arange(width, device=device)
+    rows = (ids[:, None, :] * kv_heads + _arange(kv_heads, device)[None, :, None]).reshape(-1)
+    key_pos = _arange(width, device)
     valid = key_pos[None, :] < lens[:, None]  # [S, width]
     # Whole blocks past the length are cleared as blocks, the last block's tail slot by slot
     # (the lengths, known here, say whether there are any).
@@ -220,12 +222,18 @@ def _plan_bucket(
         seen = None  # every sequence is new: query j sits at position j, plain causal attention
     else:
         # New token j of n sits at position len - n + j and sees keys up to its own position.
-        q_pos = (lens - q_lens)[:, None] + torch.arange(num_queries, device=device)[None, :]
+        q_pos = (lens - q_lens)[:, None] + _arange(num_queries, device)[None, :]
         seen = (key_pos[None, None, :] <= q_pos[:, :, None])[:, None]  # [S, 1, n_q, width]
     return Bucket(
         seqs, q_rows, num_seqs, kv_heads, width, num_queries, rows, unseen_blocks, unseen_slots, seen, empty,
         (seq_of, index_in_seq),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """``torch.arange(n)`` built once per length and device: a plan's shape-only tensors (never written to)."""
+    return torch.arange(n, device=device)
 
 
 def gather(cache: torch.Tensor, bucket: Bucket) -> torch.Tensor:
