@@ -169,3 +169,17 @@ def test_samples_of_one_prompt_share_it_after_a_chunked_prefill(model) -> None:
 def test_a_budget_that_is_not_a_positive_int_is_refused(model, bad) -> None:
     with pytest.raises(PagedKVError, match="max_num_batched_tokens"):
         Engine(model, model.new_allocator(8, 4), max_num_batched_tokens=bad)
+
+
+def test_the_cli_takes_a_token_budget(capsys) -> None:
+    from paged_kv_lib.cli import main as cli_main
+
+    args = ["generate", "A block table", "--max-new-tokens", "5", "--random-weights", "--no-progress"]
+    assert cli_main(args + ["--max-num-batched-tokens", "3"]) == 0
+    chunked = capsys.readouterr().out
+    assert cli_main(args) == 0
+    whole = capsys.readouterr().out
+    assert chunked.splitlines()[0] == whole.splitlines()[0]  # the same text
+    assert "steps 9," in chunked and "steps 5," in whole  # 14 prompt tokens in 5 chunks of 3, then 4 decodes
+    assert cli_main(args + ["--max-num-batched-tokens", "0"]) == 2
+    assert "max_num_batched_tokens must be >= 1" in capsys.readouterr().err
