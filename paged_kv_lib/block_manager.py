@@ -312,17 +312,26 @@ class BlockManager:
             return {}
         needed = 0
         growers: Dict[int, int] = {}
-        # (seq id, table, new blocks) where the table's blocks are full and it tracks no content, else
-        # (seq id, table, 0): copy-on-write or content keys, through the checked path of append_tokens.
+        # (seq id, table, new blocks) where the table's last block is its own (or it has none) and it
+        # tracks no content: only whole new blocks. Else (seq id, table, 0): copy-on-write or content
+        # keys, through the checked path of append_tokens.
         grow: List[Tuple[int, BlockTable, int]] = []
+        block_size = self.block_size
+        all_plain = True
         for seq_id, table in slow:
+            capacity = len(table.block_ids) * block_size
+            if table.token_ids is None and table.append_limit == capacity:  # the fast path's own test failed
+                new_blocks = -(-(table.num_tokens + num_tokens - capacity) // block_size)
+                needed += new_blocks
+                grow.append((seq_id, table, new_blocks))
+                continue
+            all_plain = False
             new_blocks, copy = self._append_cost(table, num_tokens)
             needed += new_blocks
             if copy:
                 tail = table.block_ids[-1]
                 growers[tail] = growers.get(tail, 0) + 1
-            plain = not copy and table.token_ids is None
-            grow.append((seq_id, table, new_blocks if plain else 0))
+            grow.append((seq_id, table, 0))
         needed += sum(min(k, self._blocks[tail].ref_count - 1) for tail, k in growers.items())
         if needed > len(self._free):
             if tokens is None:  # refused: take back the fast path's growth, so nothing changed
@@ -332,10 +341,20 @@ class BlockManager:
                         table.num_tokens -= num_tokens
             raise OutOfBlocksError(needed, len(self._free), f"grow {len(ids)} sequences by {num_tokens}")
         placed: Dict[int, Tuple[int, ...]] = {}
+        if all_plain:  # one pop for all, dealt out in the listed order (the ids one call per sequence gives)
+            fresh = self._take_blocks(needed)
+            at = 0
+            for seq_id, table, n in grow:
+                dealt = fresh[at : at + n]
+                at += n
+                table.block_ids += dealt
+                table.num_tokens += num_tokens
+                table.append_limit = len(table.block_ids) * block_size
+                placed[seq_id] = tuple(dealt)
+            return placed
         index = {seq_id: i for i, seq_id in enumerate(ids)} if tokens is not None else None
-        block_size = self.block_size
         for seq_id, table, n in grow:  # in the listed order, so block ids go out as one call per sequence
-            if n:  # full blocks, no content: just new blocks, and the last one is the table's own
+            if n:
                 new_ids = self._take_blocks(n)
                 table.block_ids += new_ids
                 table.num_tokens += num_tokens

@@ -41,7 +41,7 @@ def tables(alloc):
 )
 def test_a_batch_grows_as_one_call_per_sequence(lengths, forks, steps, block_size, with_ids):
     """Same tables, counts, free queue, copies and cache keys as the single calls, or the same refusal."""
-    batch, single = make(40, block_size), make(40, block_size)
+    batch, single = make(80, block_size), make(80, block_size)  # room for every prompt; steps may run out
     for alloc in (batch, single):
         for seq_id, n in enumerate(lengths):
             alloc.allocate_for_sequence(seq_id, n, token_ids=list(range(n)) if with_ids else None)
