@@ -18,7 +18,7 @@ so a call that raises leaves the allocator exactly as it was.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -217,6 +217,14 @@ class PagedKVCacheAllocator:
         """
         return self.manager.can_append(seq_ids, num_tokens, watermark=watermark)
 
+    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
+        """The most tokens, at most ``up_to``, the sequence can grow by now (how much of a prompt chunk fits)."""
+        return self.manager.appendable_tokens(seq_id, up_to, watermark=watermark)
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], *, extra_key: ExtraKey = None) -> int:
+        """How many leading tokens of a prompt the prefix cache holds now (whole blocks); changes nothing."""
+        return self.manager.cached_prefix_tokens(token_ids, extra_key=extra_key)
+
     def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
         """Whether a swapped-out sequence fits back on the device now, leaving the watermark free."""
         return self.manager.can_swap_in(seq_id, watermark=watermark)
@@ -279,6 +287,18 @@ class PagedKVCacheAllocator:
         (Each instance binds this name to its manager's method: same code, one call less.)
         """
         return self.manager.append_tokens(seq_id, num_tokens, token_ids=token_ids)
+
+    def append_tokens_batch(
+        self, seq_ids: Iterable[int], num_tokens: int = 1, *, token_ids: Optional[Sequence[TokenIds]] = None
+    ) -> Dict[int, Tuple[int, ...]]:
+        """Grow every listed sequence by ``num_tokens`` in one call; returns ``{seq_id: block ids placed}``.
+
+        The decode step's growth: validated once, atomic (repeated, unknown or swapped-out ids, or
+        too few blocks for all of them, raise before anything changes). Only sequences that got
+        a new or copied block appear in the result; copy-on-write copies the bytes of a shared
+        last block as :meth:`append_tokens` does.
+        """
+        return self.manager.append_tokens_batch(seq_ids, num_tokens, token_ids=token_ids)
 
     # ------------------------------------------------- address translation, K/V
     def slot_mapping(self, seq_id: int, positions: Positions) -> torch.Tensor:

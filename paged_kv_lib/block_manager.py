@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_ids
 from .block import Block, blocks_needed, cdiv
@@ -56,6 +56,11 @@ class BlockManager:
         self._cpu_free: Deque[int] = deque(range(self.num_cpu_blocks))
         self._copy_log: Deque[Tuple[int, int]] = deque(maxlen=4096)
         self.num_copies = 0
+        # append_tokens_batch's memo: the ids it last checked, their tables, and _removals then.
+        self._removals = 0  # tables dropped so far (freed or swapped out)
+        self._batch_ids: Tuple[object, ...] = ()
+        self._batch_rows: List[BlockTable] = []
+        self._batch_epoch = -1
 
     # ------------------------------------------------------------------ counts
     @property
@@ -155,6 +160,30 @@ class BlockManager:
         needed += sum(min(k, self._blocks[tail].ref_count - 1) for tail, k in growers.items())
         return len(self._free) - needed >= reserve
 
+    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
+        """The most tokens, at most ``up_to``, the sequence can grow by now and leave the watermark free.
+
+        The chunked-prefill question: how much of a prompt's next chunk fits this step. It counts
+        what :meth:`append_tokens` would take: room left in the last block, whole new blocks, and a
+        copy of a shared, non-full last block.
+        """
+        table = self.table(seq_id)
+        up_to = as_count(up_to, "up_to")
+        spare = len(self._free) - self.watermark_blocks(watermark)
+        _, copy = self._append_cost(table, up_to)
+        spare -= copy
+        if spare < 0:
+            return 0
+        capacity = (len(table.block_ids) + spare) * self.block_size - table.num_tokens
+        return max(0, min(up_to, capacity))
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], *, extra_key: ExtraKey = None) -> int:
+        """How many leading tokens of a prompt the prefix cache holds now (whole blocks); changes nothing."""
+        tokens = as_token_ids(token_ids, len(token_ids)) if hasattr(token_ids, "__len__") else None
+        if tokens is None:
+            raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
+        return len(self._plan_prompt(len(tokens), tokens, extra_key).hits) * self.block_size
+
     def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
         """Whether a swapped-out sequence fits back now (one device block per CPU block it holds)."""
         reserve = self.watermark_blocks(watermark)
@@ -208,6 +237,7 @@ class BlockManager:
             seq_id = as_seq_id(seq_id)
         table = self._tables.pop(seq_id, None)
         if table is not None:
+            self._removals += 1
             self._release(table.block_ids)
             return
         swapped = self._swapped.pop(seq_id, None)
@@ -235,6 +265,116 @@ class BlockManager:
             if num_tokens >= 0:  # a block boundary (or a shared tail): the checked path, args already checked
                 return self._grow(seq_id, table, num_tokens, None)
         return self._grow(seq_id, self.table(seq_id), as_count(num_tokens, "num_tokens"), token_ids)
+
+    def append_tokens_batch(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
+                            token_ids: Optional[Sequence[TokenIds]] = None) -> Dict[int, Tuple[int, ...]]:
+        """Grow every listed sequence by ``num_tokens`` in one call (a decode step); the block ids placed.
+
+        Validated once and atomic: unknown, swapped-out or repeated ids, ``token_ids`` of the wrong
+        shape, or too few free blocks for all of them together (shared tails counted as in
+        :meth:`can_append`) raise before any table changes. ``token_ids[i]`` are sequence ``i``'s new
+        tokens, so blocks that fill up become cacheable. Returns ``{seq_id: block ids placed}`` for the
+        sequences that got a new or copied block (on most decode steps, few or none).
+        """
+        num_tokens = as_count(num_tokens, "num_tokens")
+        ids = seq_ids if type(seq_ids) is tuple else tuple(as_iterable(seq_ids, "seq_ids"))
+        # A decode step grows the same sequences as the step before: when no table was dropped since,
+        # the ids checked then (ints, distinct, resident) need no checking again, nor looking up.
+        if ids == self._batch_ids and self._batch_epoch == self._removals:
+            rows = self._batch_rows
+        else:
+            tables = self._tables
+            if len(set(ids)) != len(ids) or set(map(type, ids)) - {int}:
+                self._refuse_batch(ids)
+            try:
+                rows = list(map(tables.__getitem__, ids))
+            except KeyError:
+                self._refuse_batch(ids)
+                raise  # not reached
+            self._batch_ids, self._batch_rows, self._batch_epoch = ids, rows, self._removals
+        tokens: Optional[List[Optional[List[int]]]] = None
+        if token_ids is not None:
+            if len(token_ids) != len(ids):
+                raise InvalidArgumentError(f"token_ids has {len(token_ids)} entries for {len(ids)} sequences")
+            tokens = [None if t is None else as_token_ids(t, num_tokens) for t in token_ids]
+        # A block boundary, a shared tail or content to track: those take the checked path below.
+        if tokens is None:
+            slow = []
+            for seq_id, table in zip(ids, rows):
+                new_len = table.num_tokens + num_tokens
+                if new_len <= table.append_limit:
+                    table.num_tokens = new_len
+                else:
+                    slow.append((seq_id, table))
+        else:
+            slow = list(zip(ids, rows))
+        if not slow:
+            return {}
+        needed = 0
+        growers: Dict[int, int] = {}
+        # (seq id, table, new blocks) where the table's last block is its own (or it has none) and it
+        # tracks no content: only whole new blocks. Else (seq id, table, 0): copy-on-write or content
+        # keys, through the checked path of append_tokens.
+        grow: List[Tuple[int, BlockTable, int]] = []
+        block_size = self.block_size
+        all_plain = True
+        for seq_id, table in slow:
+            capacity = len(table.block_ids) * block_size
+            if table.token_ids is None and table.append_limit == capacity:  # the fast path's own test failed
+                new_blocks = -(-(table.num_tokens + num_tokens - capacity) // block_size)
+                needed += new_blocks
+                grow.append((seq_id, table, new_blocks))
+                continue
+            all_plain = False
+            new_blocks, copy = self._append_cost(table, num_tokens)
+            needed += new_blocks
+            if copy:
+                tail = table.block_ids[-1]
+                growers[tail] = growers.get(tail, 0) + 1
+            grow.append((seq_id, table, 0))
+        needed += sum(min(k, self._blocks[tail].ref_count - 1) for tail, k in growers.items())
+        if needed > len(self._free):
+            if tokens is None:  # refused: take back the fast path's growth, so nothing changed
+                held = {id(table) for _, table in slow}
+                for table in rows:
+                    if id(table) not in held:
+                        table.num_tokens -= num_tokens
+            raise OutOfBlocksError(needed, len(self._free), f"grow {len(ids)} sequences by {num_tokens}")
+        placed: Dict[int, Tuple[int, ...]] = {}
+        if all_plain:  # one pop for all, dealt out in the listed order (the ids one call per sequence gives)
+            fresh = self._take_blocks(needed)
+            at = 0
+            for seq_id, table, n in grow:
+                dealt = fresh[at : at + n]
+                at += n
+                table.block_ids += dealt
+                table.num_tokens += num_tokens
+                table.append_limit = len(table.block_ids) * block_size
+                placed[seq_id] = tuple(dealt)
+            return placed
+        index = {seq_id: i for i, seq_id in enumerate(ids)} if tokens is not None else None
+        for seq_id, table, n in grow:  # in the listed order, so block ids go out as one call per sequence
+            if n:
+                new_ids = self._take_blocks(n)
+                table.block_ids += new_ids
+                table.num_tokens += num_tokens
+                table.append_limit = len(table.block_ids) * block_size
+                got = tuple(new_ids)
+            else:
+                got = self._grow(seq_id, table, num_tokens, None if tokens is None or index is None else tokens[index[seq_id]])
+            if got:
+                placed[seq_id] = got
+        return placed
+
+    def _refuse_batch(self, ids: Sequence[Any]) -> None:
+        """Raise the typed error for the first bad id of a batch: not an int, unknown, swapped out, or repeated."""
+        seen = set()
+        for seq_id in ids:
+            self.table(seq_id)  # not an int, unknown or swapped out
+            if seq_id in seen:
+                raise InvalidArgumentError(f"sequence {seq_id} is listed twice in append_tokens_batch")
+            seen.add(seq_id)
+        raise InvalidArgumentError(f"append_tokens_batch refused seq_ids {ids!r}")  # not reached
 
     def append_block_to_sequence(self, seq_id: int) -> int:
         """The seed's low-level step: reserve one more (empty) block for a sequence whose blocks are full.
@@ -276,6 +416,7 @@ class BlockManager:
         cpu_ids = [self._cpu_free.popleft() for _ in range(n)]
         device_ids = table.block_ids
         del self._tables[seq_id]
+        self._removals += 1
         self._release(device_ids)
         table.block_ids = cpu_ids
         table.append_limit = 0

@@ -221,6 +221,33 @@ def test_batched_buckets_a_ragged_batch_and_still_equals_the_reference(extend):
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), decodes=st.integers(1, 5), chunks=st.integers(1, 3))
+def test_an_engine_plan_masks_without_clearing_and_buckets_decodes_apart(data, decodes, chunks):
+    """A step of decodes beside prompt chunks, on a finite cache: the plan clears nothing, same answer."""
+    from paged_kv_lib.attention.batched import attend, plan_batch
+
+    block_size = data.draw(st.sampled_from([1, 4, 16]))
+    lens = [data.draw(st.integers(1, 60)) for _ in range(decodes + chunks)]
+    query_lens = [1] * decodes + [data.draw(st.integers(2, max(2, n))) if n > 1 else 1 for n in lens[decodes:]]
+    order = data.draw(st.permutations(range(len(lens))))
+    lens, query_lens = [lens[i] for i in order], [query_lens[i] for i in order]
+    # poison=False: unowned slots hold zeros, and stale finite values are planted below
+    batch = make_paged_batch(lens, num_q_heads=4, num_kv_heads=2, head_dim=8, block_size=block_size,
+                             query_lens=query_lens, spare_blocks=2, pad_columns=1, poison=False)
+    batch.k_cache.add_(torch.randn_like(batch.k_cache) * (batch.k_cache == 0))  # stale K/V, finite
+    batch.v_cache.add_(torch.randn_like(batch.v_cache) * (batch.v_cache == 0))
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc)
+    plan = plan_batch(batch.block_tables, batch.seq_lens, 2, block_size, batch.query_start_loc)
+    assert all(b.unseen_blocks.numel() == 0 and b.unseen_slots.numel() == 0 for b in plan.buckets)
+    if 1 in query_lens and max(query_lens) > 1:  # one-token rows never share a bucket with a chunk
+        for bucket in plan.buckets:
+            kinds = {query_lens[i] == 1 for i in bucket.seqs.tolist()}
+            assert len(kinds) == 1 and (bucket.pack is None) == kinds.pop()
+    out = attend(batch.q, batch.k_cache, batch.v_cache, plan)
+    torch.testing.assert_close(out, paged_attention_extend_reference(*args), rtol=1e-5, atol=1e-5)
+
+
 def test_torch_backend_runs_the_batched_path(monkeypatch):
     calls = []
     real = api.paged_attention_batched

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from paged_kv_lib.cli import main as cli_main
-from paged_kv_lib.engine import Engine, RequestTooLargeError, UnsupportedModelError
+from paged_kv_lib.engine import Engine, RequestTooLargeError, UnknownRequestError, UnsupportedModelError
+from paged_kv_lib.errors import PagedKVError
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 
 
@@ -352,7 +353,13 @@ def test_abort_request_releases_its_blocks(model) -> None:
     drop = engine.add_request("drop me", 4, n=2)
     engine.step()
     assert engine.abort_request(drop) is True
-    assert engine.abort_request(drop) is False and engine.abort_request(999) is False
+    assert engine.abort_request(drop) is False
+    used = engine.allocator.num_used_blocks
+    with pytest.raises(UnknownRequestError, match="999 was never added"):
+        engine.abort_request(999)
+    with pytest.raises(PagedKVError):
+        engine.abort_request(True)  # type: ignore[arg-type]
+    assert engine.allocator.num_used_blocks == used
     engine.allocator.check_invariants()
     outputs = engine.run(progress=False)
     assert [o.request_id for o in outputs] == [keep]

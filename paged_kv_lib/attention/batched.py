@@ -9,18 +9,21 @@ arithmetic for every sequence together, which is what the torch backend runs:
    -1, reads block 0). It also lists the gathered rows no query may see (past a
    sequence's length: padding and the stale tail of a last block) and builds the mask.
 2. :func:`attend` gathers ``[num_seqs, kv_heads, blocks * block_size, head_dim]`` K and V
-   with one ``index_select`` each and zeroes the unseen rows (so whatever they held, even
-   NaN, cannot reach the output: 0 * NaN would be NaN). Decode is then one batched
+   with one ``index_select`` each; the masks hide the unseen rows. A plan for a cache of
+   unknown content also zeroes them (so whatever they held, even NaN, cannot reach the
+   output: 0 * NaN would be NaN); an engine's cache holds only finite K/V, so its plans skip that. Decode is then one batched
    matmul, softmax and matmul in float32, every query head of a group under its K/V head
    (grouped-query attention); extend (several new tokens per sequence) pads the queries
    per sequence and runs torch's fused ``scaled_dot_product_attention`` in float32.
 
 A plan depends only on the block tables and lengths, so a model builds it once per step
-and reuses it in every layer.
+and reuses it in every layer; the index ranges that depend on a shape alone (key positions,
+K/V head offsets, query offsets) are built once per shape and kept.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -43,8 +46,8 @@ class Bucket:
     whole batch this bucket serves (``None``: all of them, in order). ``rows``: int64
     ``[num_seqs * kv_heads * num_blocks]``, gather index into the cache seen as
     ``[num_blocks * kv_heads, block_size, head_dim]``; the gathered keys number ``width =
-    num_blocks * block_size``. Rows past a sequence's length are zeroed after the gather:
-    ``unseen_blocks`` lists the gathered blocks wholly past it (padding entries),
+    num_blocks * block_size``. Rows past a sequence's length are zeroed after the gather when
+    the plan clears them (else both lists are empty): ``unseen_blocks`` lists the gathered blocks wholly past it (padding entries),
     ``unseen_slots`` the token rows past it inside its last block. ``mask``: decode, a
     float32 ``[S, 1, 1, 1, width]`` bias (0 where the query sees a key, -inf elsewhere);
     extend, a bool ``[S, 1, n_q, width]`` (True: seen), or ``None`` when every sequence is
@@ -80,26 +83,66 @@ def plan_batch(
     kv_heads: int,
     block_size: int,
     query_start_loc: Optional[torch.Tensor] = None,
+    *,
+    clear_unseen: bool = False,
 ) -> BatchPlan:
-    """Build the gather indices and masks for a decode batch (or an extend batch with ``query_start_loc``)."""
-    device = block_tables.device
+    """Build the gather indices and masks for a decode batch (or an extend batch with ``query_start_loc``).
+
+    The masks alone keep a query from the keys it may not see, which is exact as long as
+    those rows hold finite numbers: an engine's cache starts zeroed and only ever holds K/V
+    the model wrote, so its plans skip clearing them (the clearing cost more than the
+    gather). ``clear_unseen=True`` zeroes them after each gather, for caches of unknown
+    content (the public ``paged_attention*`` functions: any slot may hold NaN there).
+
+    In an extend batch the sequences with one new token (decodes riding along with prompt
+    chunks) get buckets of their own, attended as decodes, so no decode pads its query up
+    to a prompt chunk's length.
+    """
     lens = [int(n) for n in seq_lens.tolist()]
     starts = None if query_start_loc is None else [int(x) for x in query_start_loc.tolist()]
     q_lens = None if starts is None else [b - a for a, b in zip(starts, starts[1:])]
     buckets = []
+    if q_lens is not None and 1 in q_lens and max(q_lens) > 1:
+        # A mixed step: the decode rows and the chunk rows are bucketed apart.
+        singles = [i for i, n in enumerate(q_lens) if n == 1]
+        chunks = [i for i, n in enumerate(q_lens) if n != 1]
+        assert starts is not None
+        for part, part_q in ((singles, None), (chunks, q_lens)):
+            sub_lens = [lens[i] for i in part]
+            sub_q = None if part_q is None else [part_q[i] for i in part]
+            for group in _group(sub_lens, sub_q, block_size):
+                members = part if group is None else [part[j] for j in group]
+                buckets.append(_member_bucket(block_tables, lens, q_lens if part_q is not None else None,
+                                              starts, members, kv_heads, block_size, clear_unseen))
+        return BatchPlan(False, tuple(buckets))
     for group in _group(lens, q_lens, block_size):
         if group is None:
-            buckets.append(_plan_bucket(block_tables, lens, q_lens, kv_heads, block_size, None, None))
+            buckets.append(_plan_bucket(block_tables, lens, q_lens, kv_heads, block_size, None, None, clear_unseen))
             continue
-        seqs = torch.tensor(group, dtype=torch.int64, device=device)
-        sub_q = None if q_lens is None else [q_lens[i] for i in group]
-        q_rows = None
-        if starts is not None:
-            q_rows = torch.tensor([r for i in group for r in range(starts[i], starts[i + 1])], dtype=torch.int64, device=device)
-        buckets.append(
-            _plan_bucket(block_tables[seqs], [lens[i] for i in group], sub_q, kv_heads, block_size, seqs, q_rows)
-        )
+        buckets.append(_member_bucket(block_tables, lens, q_lens, starts, group, kv_heads, block_size, clear_unseen))
     return BatchPlan(query_start_loc is None, tuple(buckets))
+
+
+def _member_bucket(
+    block_tables: torch.Tensor,
+    lens: List[int],
+    q_lens: Optional[List[int]],
+    starts: Optional[List[int]],
+    members: List[int],
+    kv_heads: int,
+    block_size: int,
+    clear_unseen: bool,
+) -> Bucket:
+    """The bucket of some sequences of the batch (``q_lens`` None: attended as decodes, one query each)."""
+    device = block_tables.device
+    seqs = torch.tensor(members, dtype=torch.int64, device=device)
+    sub_q = None if q_lens is None else [q_lens[i] for i in members]
+    q_rows = None
+    if starts is not None:
+        q_rows = torch.tensor([r for i in members for r in range(starts[i], starts[i + 1])], dtype=torch.int64,
+                              device=device)
+    return _plan_bucket(block_tables[seqs], [lens[i] for i in members], sub_q, kv_heads, block_size, seqs, q_rows,
+                        clear_unseen)
 
 
 def _group(lens: List[int], q_lens: Optional[List[int]], block_size: int) -> List[Optional[List[int]]]:
@@ -136,6 +179,7 @@ def _plan_bucket(
     block_size: int,
     seqs: Optional[torch.Tensor],
     q_rows: Optional[torch.Tensor],
+    clear_unseen: bool,
 ) -> Bucket:
     device = block_tables.device
     num_seqs = len(lens_list)
@@ -144,26 +188,26 @@ def _plan_bucket(
     num_blocks = min(block_tables.shape[1], -(-longest // block_size))
     width = num_blocks * block_size
     ids = block_tables[:, :num_blocks].long().clamp(min=0)
-    rows = (ids[:, None, :] * kv_heads + torch.arange(kv_heads, device=device)[None, :, None]).reshape(-1)
-    key_pos = torch.arange(width, device=device)
+    rows = (ids[:, None, :] * kv_heads + _arange(kv_heads, device)[None, :, None]).reshape(-1)
+    key_pos = _arange(width, device)
     valid = key_pos[None, :] < lens[:, None]  # [S, width]
     # Whole blocks past the length are cleared as blocks, the last block's tail slot by slot
     # (the lengths, known here, say whether there are any).
     nothing = torch.empty(0, dtype=torch.int64, device=device)
     unseen_blocks = unseen_slots = nothing
-    if any(-(-n // block_size) < num_blocks for n in lens_list):
+    if clear_unseen and any(-(-n // block_size) < num_blocks for n in lens_list):
         block_start = torch.arange(num_blocks, device=device) * block_size
         past = (block_start[None, :] >= lens[:, None])[:, None, :].expand(num_seqs, kv_heads, num_blocks)
         unseen_blocks = past.reshape(-1).nonzero().flatten()
-    if any(n % block_size for n in lens_list):
+    if clear_unseen and any(n % block_size for n in lens_list):
         tail = ~valid & (key_pos[None, :] >= (lens[:, None] // block_size) * block_size)  # [S, width]
         unseen_slots = tail[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
     empty = lens == 0
 
     if q_lens_list is None:
         bias = torch.zeros(num_seqs, width, device=device).masked_fill_(~valid, float("-inf"))
-        return Bucket(
-            seqs, None, num_seqs, kv_heads, width, 1, rows, unseen_blocks, unseen_slots,
+        return Bucket(  # in an extend batch too (decodes beside prompt chunks): q_rows says where they are
+            seqs, q_rows, num_seqs, kv_heads, width, 1, rows, unseen_blocks, unseen_slots,
             bias[:, None, None, None, :], empty,
         )
 
@@ -178,12 +222,18 @@ def _plan_bucket(
         seen = None  # every sequence is new: query j sits at position j, plain causal attention
     else:
         # New token j of n sits at position len - n + j and sees keys up to its own position.
-        q_pos = (lens - q_lens)[:, None] + torch.arange(num_queries, device=device)[None, :]
+        q_pos = (lens - q_lens)[:, None] + _arange(num_queries, device)[None, :]
         seen = (key_pos[None, None, :] <= q_pos[:, :, None])[:, None]  # [S, 1, n_q, width]
     return Bucket(
         seqs, q_rows, num_seqs, kv_heads, width, num_queries, rows, unseen_blocks, unseen_slots, seen, empty,
         (seq_of, index_in_seq),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """``torch.arange(n)`` built once per length and device: a plan's shape-only tensors (never written to)."""
+    return torch.arange(n, device=device)
 
 
 def gather(cache: torch.Tensor, bucket: Bucket) -> torch.Tensor:
@@ -262,7 +312,7 @@ def paged_attention_batched(
 
     Inputs are not validated here; use ``paged_attention``.
     """
-    plan = plan_batch(block_tables, seq_lens, k_cache.shape[1], k_cache.shape[2])
+    plan = plan_batch(block_tables, seq_lens, k_cache.shape[1], k_cache.shape[2], clear_unseen=True)
     return attend(q, k_cache, v_cache, plan, scale)
 
 
@@ -281,5 +331,5 @@ def paged_attention_extend_batched(
     attend causally and are packed back. Inputs are not validated here; use
     ``paged_attention_extend``.
     """
-    plan = plan_batch(block_tables, seq_lens, k_cache.shape[1], k_cache.shape[2], query_start_loc)
+    plan = plan_batch(block_tables, seq_lens, k_cache.shape[1], k_cache.shape[2], query_start_loc, clear_unseen=True)
     return attend(q, k_cache, v_cache, plan, scale)

@@ -193,6 +193,24 @@ class LearnerBackedAllocator:
         blocks = len(self._swapped[seq_id][0])
         return self.num_free_blocks - blocks >= self.watermark_blocks(watermark)
 
+    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
+        """The most tokens, at most ``up_to``, ``append_tokens`` could add now (a prompt chunk's growth)."""
+        up_to = as_count(up_to, "up_to")
+        _, copy = self._append_cost(seq_id, up_to)
+        spare = self.num_free_blocks - self.watermark_blocks(watermark) - copy
+        if spare < 0:
+            return 0
+        capacity = (len(self._tables[seq_id]) + spare) * self.block_size - self._lengths[seq_id]
+        return max(0, min(up_to, capacity))
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], *, extra_key: Any = None) -> int:
+        """Always 0: a learner's allocator finds nothing by content."""
+        return 0
+
+    def reset_prefix_cache(self) -> int:
+        """Nothing to forget: no content is cached."""
+        return 0
+
     def _append_cost(self, seq_id: int, num_tokens: int) -> Tuple[int, bool]:
         table = self._resident(seq_id)
         length = self._lengths[seq_id]
@@ -273,6 +291,22 @@ class LearnerBackedAllocator:
                 f"the blocks newly placed in it are {placed}"
             )
         return tuple(placed)
+
+    def append_tokens_batch(self, seq_ids: Iterable[int], num_tokens: int = 1, *, token_ids: Any = None) -> Dict[int, Tuple[int, ...]]:
+        """Grow each sequence through the learner's ``append_tokens``, after checking they all fit together."""
+        ids = list(seq_ids)
+        num_tokens = as_count(num_tokens, "num_tokens")
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError(f"append_tokens_batch got a sequence twice: {ids}")
+        if not self.can_append(ids, num_tokens):
+            raise OutOfBlocksError(sum(self.blocks_to_append(s, num_tokens) for s in ids), self.num_free_blocks,
+                                   f"grow {len(ids)} sequences by {num_tokens}")
+        placed = {}
+        for seq_id in ids:
+            new = self.append_tokens(seq_id, num_tokens)
+            if new:
+                placed[seq_id] = new
+        return placed
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         parent = self._resident(parent_seq_id)

@@ -1,19 +1,24 @@
 """A continuous-batching inference engine driving the paged KV cache.
 
-Each :meth:`Engine.step` is one iteration of the serving loop:
+Each :meth:`Engine.step` is one iteration of the serving loop, under a budget of
+``max_num_batched_tokens`` computed tokens (as vLLM v1 schedules):
 
-1. **Decode**: every running sequence gets one slot for its newest token (the allocator
-   adds a block or copies a shared one when needed). The scheduler asks the allocator
-   whether the whole batch can grow (``can_append``); while it cannot, the newest running
-   request is preempted, by recompute (free its blocks, requeue it at the front) or by
-   swap (move its K/V to the CPU pool). Then one forward pass over the whole batch (one
-   block-table tensor, one slot mapping, one K/V write and one paged attention call per
-   layer) and one token sampled per sequence.
-2. **Admit**: waiting requests join first come, first served while the allocator says
-   they fit and leave the watermark free (``can_allocate``, ``can_swap_in``). A new
-   prompt's cached prefix is reused and only its tail is computed (one extend attention
-   call per layer for all admitted prompts); ``n > 1`` samples then share the prompt
-   through ``fork``.
+1. **Decodes first**: running sequences that finished their prompt get one slot each for
+   their newest token, oldest first, as far as the budget goes, all in one
+   ``append_tokens_batch`` call. The scheduler asks the allocator whether they can all
+   grow (``can_append``); while they cannot, the newest running request is preempted, by
+   recompute (free its blocks, requeue it at the front) or by swap (move its K/V to the CPU pool).
+2. **Then prompt chunks**: a running sequence mid-prompt grows by its next chunk, as much
+   as the budget left and the allocator allow (``appendable_tokens``).
+3. **Admit**: waiting requests join first come, first served while the allocator says
+   their first chunk fits and leaves the watermark free (``can_allocate``,
+   ``can_swap_in``). A prompt's cached prefix (``cached_prefix_tokens``) is reused, not
+   computed; ``n > 1`` samples share the prompt through ``fork`` once it is all in.
+
+Then one forward pass carries the decodes and the chunks together (one block-table
+tensor, one slot mapping, one K/V write and one paged attention call per layer), and a
+token is sampled for each decode and each prompt that ended. :meth:`Engine.stream`
+yields those tokens as they come; :meth:`Engine.abort_request` drops a request at once.
 
 Requests can be added between steps: they join the running batch at the next one
 (iteration-level scheduling). Sampling draws once per generated position from a
@@ -24,7 +29,8 @@ when the engine is built.
 """
 
 from .loop import PREEMPTION_MODES, Engine, Prompt
-from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status, UnsupportedModelError
+from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status, TokenEvent
+from .requests import UnknownRequestError, UnsupportedModelError
 from .stats import EngineTotals, StepStats
 
 __all__ = [
@@ -38,5 +44,7 @@ __all__ = [
     "Sample",
     "Status",
     "StepStats",
+    "TokenEvent",
+    "UnknownRequestError",
     "UnsupportedModelError",
 ]

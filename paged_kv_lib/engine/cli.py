@@ -37,6 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--watermark", type=float, default=0.01)
     p.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute")
     p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget per step (chunked prefill); default: no limit")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--random-weights", action="store_true", help="an untrained test-sized model instead of the checkpoint")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -71,6 +73,7 @@ def run_generate(args: argparse.Namespace) -> int:
         engine = Engine(
             model, allocator, max_batch_size=args.max_batch_size,
             watermark=args.watermark, preemption_mode=args.preemption,
+            max_num_batched_tokens=args.max_num_batched_tokens,
         )
         for prompt in args.prompts:
             engine.add_request(

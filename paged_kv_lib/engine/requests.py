@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -25,6 +25,13 @@ class UnsupportedModelError(PagedKVError, ValueError):
     """The engine cannot run this model (paged attention refuses its head sizes or dtype)."""
 
 
+class UnknownRequestError(PagedKVError, KeyError):
+    """The request id was never issued by this engine."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class Status(Enum):
     WAITING = "waiting"  # never run, or preempted by recompute
     RUNNING = "running"
@@ -41,6 +48,16 @@ class Sample:
     generator: torch.Generator
     output: List[int] = field(default_factory=list)
     finished: bool = False
+    # Chunked prefill: the tokens this sample must have in the cache before it samples again (its
+    # prompt, or prompt + output after a recompute), and how many of them are in already. ``None``
+    # once they are all in: the sample decodes.
+    prefill: Optional[List[int]] = None
+    computed: int = 0
+
+    def reset_prefill(self) -> None:
+        """Forget the prefill progress (the sample's blocks were released)."""
+        self.prefill = None
+        self.computed = 0
 
 
 @dataclass(eq=False)
@@ -57,6 +74,7 @@ class Request:
     status: Status = Status.WAITING
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     num_preemptions: int = 0
+    aborted: bool = False
 
     @property
     def started(self) -> bool:
@@ -65,6 +83,18 @@ class Request:
 
     def live_samples(self) -> List[Sample]:
         return [s for s in self.samples if not s.finished]
+
+    def resident_samples(self) -> List[Sample]:
+        """The samples that are sequences now: a new request's first one (the others fork from it), else the live ones."""
+        return self.live_samples() if self.started else self.samples[:1]
+
+
+class TokenEvent(NamedTuple):
+    """One token as :meth:`Engine.stream` yields it, the moment it is sampled."""
+
+    request_id: int
+    sample_index: int
+    token_id: int
 
 
 @dataclass(frozen=True)

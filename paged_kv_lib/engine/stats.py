@@ -21,6 +21,14 @@ class StepStats:
     blocks_used: int
     blocks_cached: int  # free blocks that still hold a cached prefix
     elapsed_s: float
+    prefill_sequences: int = 0  # sequences that carried a prompt chunk this step
+    decode_sequences: int = 0  # sequences that decoded one token this step (decode_tokens of them)
+    prefill_completed: int = 0  # prompts whose last chunk ran this step (each sampled its first token)
+
+    @property
+    def batched_tokens(self) -> int:
+        """Tokens the step's forward carried: prompt chunks plus decodes (what the token budget bounds)."""
+        return self.prefill_tokens + self.decode_tokens
 
     @property
     def tokens_per_s(self) -> float:
