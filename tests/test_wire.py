@@ -204,7 +204,7 @@ def test_a_use_of_a_stubbed_module_fails_the_check_with_its_own_line():
 
 
 def test_a_check_modules_own_spy_comes_back_but_no_grader_machinery():
-    got = wire.decode_reply(reply_of({"o": ["paged_kv_lib.grading.checks_06", "CountingList", []]}), lambda k, n: None)
+    got = wire.decode_reply(reply_of({"o": ["paged_kv_lib.course.instruments", "CountingList", []]}), lambda k, n: None)
     assert type(got).__name__ == "CountingList"
     for module, name in (("paged_kv_lib.grading.judge", "Remote"), ("paged_kv_lib.grading.sandbox", "SandboxSpec"),
                          ("paged_kv_lib.grading.checks_06", "torch.Tensor")):

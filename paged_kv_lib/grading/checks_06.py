@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..course.instruments import CountingList
 from ..course.starters.after_05 import AllocatorAfter05
 from ..course.starters.after_06 import AllocatorAfter06
 from ..free_queue import NOT_QUEUED, FreeBlockQueue
@@ -599,57 +600,6 @@ def check_eviction_order(eviction_order: Order) -> None:
 
 
 # --------------------------------------------------------------------------- 06.5
-class CountingList:
-    """A list of ints that counts how many entries a function reads (to tell O(1) from a walk).
-
-    Indexing, assignment, ``len``, iteration, ``in``, ``index`` and ``count`` behave as on a
-    list; reads are counted (a slice, a scan or an iteration counts every entry). A plain
-    object holding a list, so its state comes back to the check after a judged call too.
-    """
-
-    def __init__(self, values: List[int]) -> None:
-        self.values = list(values)
-        self.reads = 0
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def __getitem__(self, index: Any) -> Any:
-        got = self.values[index]
-        self.reads += len(got) if isinstance(index, slice) else 1
-        return got
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        self.values[index] = value
-
-    def __iter__(self) -> Any:
-        self.reads += len(self.values)
-        return iter(list(self.values))
-
-    def __contains__(self, value: object) -> bool:
-        self.reads += len(self.values)
-        return value in self.values
-
-    def index(self, *args: Any) -> int:
-        self.reads += len(self.values)
-        return self.values.index(*args)
-
-    def count(self, value: Any) -> int:
-        self.reads += len(self.values)
-        return self.values.count(value)
-
-    def copy(self) -> List[int]:
-        self.reads += len(self.values)
-        return list(self.values)
-
-    def __eq__(self, other: object) -> bool:
-        self.reads += len(self.values)
-        return self.values == (other.values if isinstance(other, CountingList) else other)
-
-    def __repr__(self) -> str:
-        return repr(self.values)
-
-
 def _queue_arrays(queue: FreeBlockQueue) -> tuple:
     return list(queue._prev), list(queue._next)
 

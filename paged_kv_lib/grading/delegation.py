@@ -23,6 +23,11 @@ _HERE = Path(__file__).resolve().parent
 
 def forbidden_modules(exercise: str) -> Tuple[str, ...]:
     """The modules exercise ``exercise`` ("03", or "03_the_allocator") forbids; () when it names none."""
+    return _module_tuple(exercise, "FORBIDDEN")
+
+
+def _module_tuple(exercise: str, name: str) -> Tuple[str, ...]:
+    """The tuple of module names ``name`` in ``checks_NN.py``, read from its source; () when absent."""
     number = exercise[:2]
     if not number.isdigit():
         raise ValueError(f"exercise {exercise!r} does not start with its two-digit number")
@@ -34,12 +39,24 @@ def forbidden_modules(exercise: str) -> Tuple[str, ...]:
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        if any(isinstance(t, ast.Name) and t.id == "FORBIDDEN" for t in targets):
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
             value = ast.literal_eval(node.value)
             if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"{path.name}: FORBIDDEN must be a tuple of module names, not {value!r}")
+                raise ValueError(f"{path.name}: {name} must be a tuple of module names, not {value!r}")
             return tuple(value)
     return ()
+
+
+def kernel_stubbed_modules(exercise: str) -> Tuple[str, ...]:
+    """The forbidden modules that are stubs in the learner's kernel while ``exercise`` is graded.
+
+    That is :func:`forbidden_modules` less the check module's ``KERNEL_NEEDS``: forbidden modules
+    whose code the checks' own objects need inside the kernel (a library allocator a check hands to
+    the learner's function, a package whose import uses one). A solution that uses one of those is
+    still refused by the scan of its cell and by the check in the notebook.
+    """
+    needs = _module_tuple(exercise, "KERNEL_NEEDS")
+    return tuple(m for m in forbidden_modules(exercise) if not is_forbidden(m, needs))
 
 
 def is_forbidden(module: str, forbidden: Tuple[str, ...]) -> bool:

@@ -192,15 +192,14 @@ class Caller:
         raise error
 
     def probe(self, function: Any, args: Tuple[Any, ...]) -> Any:
-        """Run a probe of :mod:`.probes` in the kernel, on the learner's objects; its plain answer."""
+        """Run a probe of :mod:`.probes` in the kernel, on the learner's objects; its answer, decoded as data."""
         message = ("probe", str(function.__name__), [_dumps(a) for a in args])
-        reply, _ = self.session.request(message)
+        reply, blobs = self.session.request(message)
         if reply[0] == "raised":
             raise self.exception(reply)
-        value = reply[1] if reply[0] == "ok" and len(reply) > 1 else None
-        if reply[0] != "ok" or type(value) not in (bool, int, float, str, type(None)):
-            raise Refused(f"the probe {function.__name__} sent back something that is not a plain answer")
-        return value
+        if reply[0] != "ok" or len(reply) < 2:
+            raise Refused(f"the probe {function.__name__} sent back a malformed reply")
+        return self.decode(reply[1], blobs)  # untrusted data, bounded and class-free like every reply
 
     def exception(self, reply: List[Any]) -> BaseException:
         """The learner's exception, rebuilt by name: a builtin or a library error, else RuntimeError."""

@@ -60,7 +60,7 @@ def _triton_report(launcher: str, *args: Any) -> Any:
         return ("raised", "RuntimeError", "the grader cannot launch a Triton kernel from outside the learner's "
                 "kernel: this check needs the judge to run its probe there")
     try:
-        from ..course import triton_skeleton
+        from paged_kv_lib.course import triton_skeleton  # absolute: the kernel loads this file by its path
 
         return ("ok", getattr(triton_skeleton, launcher)(*args))
     except Exception as exc:  # noqa: BLE001 - every failure of the learner's kernel is the answer

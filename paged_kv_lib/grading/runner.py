@@ -124,6 +124,8 @@ class _Server:
                 answer = ["raised", "builtins", "KeyboardInterrupt", "interrupted", []]
             except RecursionError:
                 answer = ["raised", "builtins", "RecursionError", "the value is nested too deeply to send", []]
+            except Exception as exc:  # noqa: BLE001 - e.g. an argument that cannot be rebuilt here: the check fails, the kernel lives
+                answer = ["raised", type(exc).__module__, type(exc).__qualname__, _text(exc), []]
             if self.fired:
                 answer = ["timeout"]
             self.reply(answer)
@@ -149,7 +151,7 @@ class _Server:
         return self.call(request)
 
     def probe(self, name: str, arg_blobs: List[bytes]) -> Any:
-        """Run a function of probes.py on the learner's objects here; only a plain answer goes back."""
+        """Run a function of probes.py on the learner's objects here; its answer goes back as data."""
         function = getattr(probes, name, None)
         if name.startswith("_") or getattr(function, "__module__", None) != probes.__name__ or not callable(function):
             return ["raised", "builtins", "LookupError", f"no probe named {name!r}", []]
@@ -159,9 +161,7 @@ class _Server:
             raise
         except BaseException as exc:  # noqa: BLE001 - the learner's object raised inside the probe
             return ["raised", type(exc).__module__, type(exc).__qualname__, _text(exc), [], self.exc_state(exc)]
-        if type(value) not in (bool, int, float, str, type(None)):
-            return ["raised", "builtins", "TypeError", f"probe {name} gave a {type(value).__name__}", []]
-        return ["ok", value, []]
+        return ["ok", self.encoded(value), []]  # data, as a call's result is (tensors included)
 
     def exec_cell(self, source: str) -> Any:
         result = self.shell.run_cell(source, store_history=False)
