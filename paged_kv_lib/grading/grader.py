@@ -186,6 +186,14 @@ def find_pristine(name: str, search: Sequence[Path], submission: Optional[Path] 
                     if inside and candidate.is_file() and not _same_file(candidate, submission):
                         return candidate
     places = ", ".join(str(p) for p in search) or "(nowhere)"
+    only_itself = submission is not None and any(
+        _same_file(c, submission) for folder in search for c in folder.glob(f"{name}.ipynb"))
+    if only_itself:
+        raise PristineNotFoundError(
+            f"no untouched copy of {name!r} to grade against: {places} holds only the notebook being graded, and "
+            "neither solutions/ nor pristine/ (a course made by `paged-kv release` has exercises/pristine/); pass "
+            f"--pristine with an untouched copy, e.g. from git: git show HEAD:exercises/{name}.ipynb > /tmp/{name}.ipynb"
+        )
     raise PristineNotFoundError(
         f"no exercise named {name!r} in {places}; pass --pristine with the exercise's notebook "
         "(a learner version or its solution) or the folder that holds it"
