@@ -241,9 +241,9 @@ def check_child_has_its_own_list(MyAllocator):
     print("PASSED 2")
 '''
 
-HONEST = "from paged_kv_lib.conformance.starter import SharingStarterAllocator as MyAllocator\n"
+HONEST = "from paged_kv_lib.course.starters.after_03 import AllocatorAfter03 as MyAllocator\n"
 PLANTED = HONEST.replace(" as MyAllocator", "") + (
-    "class MyAllocator(SharingStarterAllocator):\n"
+    "class MyAllocator(AllocatorAfter03):\n"
     "    def get_block_mapping(self, seq_id):\n"
     "        super().get_block_mapping(seq_id)\n"
     "        return self.tables[seq_id]\n"
@@ -269,10 +269,10 @@ def test_identity_checks_fire_under_the_judge_as_in_a_notebook(tmp_path, monkeyp
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     sys.modules.pop("probe_checks", None)
     checks = ["check_mapping_is_a_copy(MyAllocator)", "check_child_has_its_own_list(MyAllocator)",
-              "check_my_fork(MyAllocator)"]
+              "check_sharing_03(MyAllocator)"]
     for source, want in ((HONEST, "passed"), (PLANTED, "failed")):
         cells = [{"source": "from probe_checks import check_mapping_is_a_copy, check_child_has_its_own_list\n"
-                            "from paged_kv_lib.grading.checks_03 import check_my_fork", "tags": [], "task": None,
+                            "from paged_kv_lib.grading.checks_03 import check_sharing_03", "tags": [], "task": None,
                   "role": None},
                  {"source": source, "tags": [], "task": "99.1", "role": "solution"}]
         cells += [{"source": c, "tags": [], "task": "99.1", "role": "check"} for c in checks]
@@ -283,5 +283,4 @@ def test_identity_checks_fire_under_the_judge_as_in_a_notebook(tmp_path, monkeyp
         assert [o for o, _ in outcomes] == [want] * 3, (source, outcomes)
         if want == "failed":
             assert "handed out its own list" in outcomes[0][1] and "parent's own list" in outcomes[1][1]
-            assert "a.tables[1] is a.tables[0]" in outcomes[2][1], outcomes[2]
-    assert hasattr(checks_03, "check_my_fork")
+    assert hasattr(checks_03, "check_sharing_03")

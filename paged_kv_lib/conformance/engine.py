@@ -57,8 +57,6 @@ class LearnerBackedAllocator:
             and trust the cached-token count it returns (the engine then skips computing those).
     """
 
-    enable_prefix_caching = False
-
     def __init__(
         self,
         inner: Any,
@@ -71,6 +69,7 @@ class LearnerBackedAllocator:
     ) -> None:
         self.inner = inner
         self.prefix_caching = bool(prefix_caching)
+        self.enable_prefix_caching = self.prefix_caching  # what the engine asks: does this allocator cache?
         self.num_blocks = as_count(_attribute(inner, "num_blocks", num_blocks), "num_blocks", minimum=1)
         self.block_size = as_count(_attribute(inner, "block_size", block_size), "block_size", minimum=1)
         self.num_cpu_blocks = as_count(num_cpu_blocks, "num_cpu_blocks")
@@ -500,6 +499,19 @@ def _attribute(inner: Any, name: str, given: Optional[int]) -> int:
     return value
 
 
+def _is_class(allocator: Any) -> bool:
+    """Whether the learner handed over their class (to be built here) rather than an instance.
+
+    Under official grading the class is the judge's stand-in for an object that lives in the
+    learner's kernel; the stand-in records the kind of that object (``builtins.type`` for a class).
+    """
+    if isinstance(allocator, type):
+        return True
+    kind = type(allocator)
+    return (kind.__name__ == "Remote" and kind.__module__.startswith("paged_kv_lib.grading.")
+            and getattr(allocator, "_kind", None) == "builtins.type")
+
+
 def _takes_token_ids(allocator: Any) -> bool:
     """Whether the allocator's ``allocate_for_sequence`` accepts a ``token_ids`` keyword."""
     method = getattr(allocator, "allocate_for_sequence", None)
@@ -531,9 +543,10 @@ engine's allocator is ``engine.allocator``.
             "prefix caching (enable_prefix_caching=True) needs an allocator whose allocate_for_sequence "
             "takes token_ids (exercise 06) and returns how many prompt tokens it found cached"
         )
-    if isinstance(allocator, type):
+    if _is_class(allocator):
         if num_blocks is None or block_size is None:
-            raise TypeError(f"engine_for({allocator.__name__}) builds the allocator: pass num_blocks=... and block_size=...")
+            raise TypeError(f"engine_for({getattr(allocator, '__name__', 'a class')}) builds the allocator: pass "
+                            "num_blocks=... and block_size=...")
         allocator = allocator(num_blocks, block_size)
     backed = LearnerBackedAllocator(
         allocator, model, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,

@@ -12,31 +12,6 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from ..allocator import PagedKVCacheAllocator
-from ..model import TinyTransformer
-
-
-class RecordingAllocator(PagedKVCacheAllocator):
-    """A ``PagedKVCacheAllocator`` with a log, ``events``, that :class:`RecordingModel` writes to.
-
-    The log lives in the allocator because the allocator is the argument whose state comes back
-    to the check after the learner's call (in the notebook and when judged outside it).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.events: List[List[int]] = []
-
-
-class RecordingModel(TinyTransformer):
-    """The tiny transformer, logging the chunk lengths of every ``forward_paged`` call in the allocator."""
-
-    def forward_paged(self, allocator, seq_ids, chunks, *, write=None):
-        events = getattr(allocator, "events", None)
-        if isinstance(events, list):
-            events.append([len(c) for c in chunks])
-        return super().forward_paged(allocator, seq_ids, chunks, write=write)
-
 
 class CountingList:
     """A list of ints that counts how many entries a function reads (to tell O(1) from a walk).

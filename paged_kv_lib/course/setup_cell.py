@@ -48,7 +48,7 @@ def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
         try:
             import tomllib  # Python 3.11+
         except ImportError:  # pragma: no cover - Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib
         urls = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("urls", {})
         if urls.get("Repository"):
             return str(urls["Repository"])

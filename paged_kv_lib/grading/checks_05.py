@@ -17,8 +17,16 @@ from typing import Any, Callable, List
 import torch
 
 from ..cache_ops import gather_tokens
-from ..course.instruments import RecordingAllocator, RecordingModel
-from ..course.starters.after_05 import AllocatorAfter05
+from ..course.recording import RecordingAllocator, RecordingModel
+
+try:  # The mistake replays below build on exercise 05's starter. A release handing out exercise 05 leaves
+    # the starter out (it holds the answer): the checks then still compare with the library, call by call,
+    # but cannot name which known mistake a difference is.
+    from ..course.starters.after_05 import AllocatorAfter05
+    REPLAYS = True
+except ImportError:
+    AllocatorAfter05 = object  # type: ignore[misc,assignment]
+    REPLAYS = False
 from ..model import ModelConfig, TinyTransformer
 from ._common import call_learner, expect_equal, expect_raises, fail, is_int, passed, show
 from ._steps import NAME, Mistake, Steps
@@ -126,6 +134,8 @@ GROWTH_MISTAKES: List[Mistake] = [
      "after a prompt that filled its blocks (the seed's rule); a block is needed by a token that finds no "
      "free slot in the blocks the sequence holds"),
 ]
+if not REPLAYS:
+    GROWTH_MISTAKES = []
 
 
 def _growth_scenarios(cls: Any) -> None:
@@ -328,7 +338,7 @@ def check_can_append(cls: Any) -> None:
 
 
 # --------------------------------------------------------------------------- 05.3
-# RecordingAllocator and RecordingModel live in paged_kv_lib.course.instruments (rebuilt in the kernel).
+# RecordingAllocator and RecordingModel live in paged_kv_lib.course.recording (rebuilt in the kernel).
 def _recording_allocator(model: TinyTransformer, num_blocks: int, block_size: int) -> RecordingAllocator:
     cfg = model.config
     return RecordingAllocator(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,

@@ -17,8 +17,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..course.instruments import CountingList
-from ..course.starters.after_05 import AllocatorAfter05
-from ..course.starters.after_06 import AllocatorAfter06
+
+try:  # The mistake replays build on the starters of exercises 05 and 06; a release handing out exercise 05
+    # or 06 leaves them out (they hold the answers): the checks then still compare with the library, call by
+    # call, but cannot name which known mistake a difference is.
+    from ..course.starters.after_05 import AllocatorAfter05
+    from ..course.starters.after_06 import AllocatorAfter06
+    REPLAYS = True
+except ImportError:
+    AllocatorAfter05 = AllocatorAfter06 = object  # type: ignore[misc,assignment]
+    REPLAYS = False
 from ..free_queue import NOT_QUEUED, FreeBlockQueue
 from ..prefix_cache import block_key
 from ._common import call_learner, expect_raises, fail, is_int, passed
@@ -108,6 +116,8 @@ COPY_MISTAKES: List[Mistake] = [
     (_wrong_copy("not_atomic"), "the copy counts too: with too few free blocks for the copy and the new blocks "
      "together, append_tokens must fail before it changes anything"),
 ]
+if not REPLAYS:
+    COPY_MISTAKES = []
 
 
 def _sharing_scenarios(cls: Any) -> None:
@@ -359,6 +369,8 @@ CACHE_MISTAKES: List[Mistake] = [
     (_wrong_cache("hit_in_queue"), "a cache hit on a free block left it in the free queue, so it can be handed out "
      "while a sequence holds it: a hit takes it out of the queue"),
 ]
+if not REPLAYS:
+    CACHE_MISTAKES = []
 
 
 def _prefix_scenarios(cls: Any) -> None:
