@@ -593,4 +593,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the module by its own name, not as __main__, so its classes (Remote above all) carry the module
+    # name the checks and the probe recognise them by.
+    from paged_kv_lib.grading import judge as _judge
+
+    sys.exit(_judge.main())
