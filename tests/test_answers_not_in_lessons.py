@@ -289,10 +289,12 @@ def library_cells(library: Path = LIBRARY) -> list[LessonCell]:
 
 
 def importable(cells: Sequence[LessonCell], exercise: str) -> set[int]:
-    """The cells (modules) a solution of ``exercise`` may import: all but its forbidden modules."""
+    """The cells (modules) a solution of ``exercise`` may import: all but its forbidden modules, and
+    but the starters of earlier exercises (they hold the learner's own earlier answers, which a later
+    exercise builds on: sharing them is continuity, not a copied answer)."""
     from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
 
-    forbidden = forbidden_modules(exercise)
+    forbidden = forbidden_modules(exercise) + ("paged_kv_lib.course.starters",)
     return {n for n, cell in enumerate(cells) if not is_forbidden(cell.where, forbidden)}
 
 
