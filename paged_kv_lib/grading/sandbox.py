@@ -181,6 +181,8 @@ def command(spec: SandboxSpec, resolved_mode: str, uid: Optional[int] = None) ->
     binds = [p for p in python_paths()  # Python itself is bound even inside a hidden folder (a venv in /tmp)
              if (p in prefixes or not any(_covers(h, p) for h in hidden))
              and not any(_covers(Path(s), p) for s in SYSTEM_DIRS)]
+    # A private /tmp first: a folder bound below it afterwards (a venv in /tmp) stays visible on top of it.
+    cmd += ["--perms", "1777", "--tmpfs", "/tmp"]
     parents = {a for p in [*binds, Path(INSIDE), Path(INSIDE_HOME)] for a in p.parents if a != Path("/")}
     for parent in sorted(parents, key=lambda a: len(a.parts)):  # made by bwrap, open to the kernel's uid
         cmd += ["--perms", "0755", "--dir", str(parent)]
@@ -192,7 +194,7 @@ def command(spec: SandboxSpec, resolved_mode: str, uid: Optional[int] = None) ->
             cmd += ["--ro-bind", folder, folder]
     for path in binds:
         cmd += ["--ro-bind", str(path), str(path)]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+    cmd += ["--proc", "/proc", "--dev", "/dev",
             "--perms", "1777", "--tmpfs", "/dev/shm",
             "--ro-bind", str(spec.stage), INSIDE, "--bind", str(spec.workdir.resolve()), INSIDE_HOME,
             "--chdir", INSIDE_HOME, "--"]
