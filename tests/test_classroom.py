@@ -36,6 +36,7 @@ def released(tmp_path) -> Path:
 def shutil_copy_makefile(course: Path) -> None:
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy2(REPO / name, course / name)  # copy2: the venv's install stamp stays newer
+    shutil.copytree(REPO / "scripts", course / "scripts")  # make install's torch check lives there
 
 
 def test_the_release_carries_a_check_workflow_and_classroom_autograding(released):

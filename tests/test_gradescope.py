@@ -65,7 +65,8 @@ def test_run_autograder_writes_one_test_per_task_summing_to_the_score(tmp_path):
     notebook = solved(course / "exercises" / "90_demo.ipynb", root / "submission" / "90_demo.ipynb")
     nb = json.loads(notebook.read_text())
     for cell in nb["cells"]:  # task 90.3 answered wrongly
-        if cell.get("metadata", {}).get("paged_kv", {}) == {"task": "90.3", "role": "solution", "points": 3}:
+        meta = cell.get("metadata", {}).get("paged_kv", {})
+        if meta.get("task") == "90.3" and meta.get("role") == "solution":
             cell["source"] = "def blocks_needed(num_tokens, block_size):\n    return num_tokens // block_size\n"
     notebook.write_text(json.dumps(nb))
     results = run_autograder(root)

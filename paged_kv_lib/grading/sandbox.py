@@ -178,8 +178,10 @@ def command(spec: SandboxSpec, resolved_mode: str, uid: Optional[int] = None) ->
     else:
         cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     prefixes = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
-    binds = [p for p in python_paths()  # Python itself is bound even inside a hidden folder (a venv in /tmp)
-             if (p in prefixes or not any(_covers(h, p) for h in hidden))
+    binds = [p for p in python_paths()  # Python and its packages are bound even inside a hidden folder (a venv
+             # in /tmp, or site-packages a .pth file put on the path)
+             if (p in prefixes or p.name in ("site-packages", "dist-packages")
+                 or not any(_covers(h, p) for h in hidden))
              and not any(_covers(Path(s), p) for s in SYSTEM_DIRS)]
     # A private /tmp first: a folder bound below it afterwards (a venv in /tmp) stays visible on top of it.
     cmd += ["--perms", "1777", "--tmpfs", "/tmp"]
@@ -302,6 +304,9 @@ def start_kernel(spec: SandboxSpec, resolved_mode: str) -> "subprocess.Popen[byt
         if os.geteuid() == 0:
             uid = _kernel_uid()
             os.chown(spec.workdir, uid, uid)
+            # bwrap enters it before the kernel becomes uid, as a root without capabilities: it needs the
+            # search bit (a folder from mkdtemp has none for others).
+            os.chmod(spec.workdir, 0o711)
     argv = command(spec, resolved_mode, uid)
     env = environment(spec, resolved_mode)
     if uid is not None:
