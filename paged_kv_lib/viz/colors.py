@@ -47,6 +47,18 @@ HIGHLIGHT = "#111111"  # outlines what the last action changed; near-black reads
 TEXT_DARK = "#222222"
 TEXT_LIGHT = "#ffffff"
 MUTED_TEXT = "#666666"
+MUTED_TEXT_SHORT = "#666"  # the same grey, as the playground's stored log HTML spells it
+TABLE_LABEL_TEXT = "#555"  # the label column of the translation table
+BACKGROUND = "#ffffff"  # a block's header strip, label pills, slot dividers
+NEUTRAL = "#888888"  # no sequence colour: an ownerless used block, the "filled slots" swatch, arrows
+OUTLINE = "#333333"  # the border of a used block and of the legend's shared/hashed swatches
+GUIDE_LINE = "#444444"  # a reference line on a chart (a pool's capacity)
+OK_TEXT = "#1b5e20"  # a log line for an action that succeeded
+ERROR_TEXT = "#b00020"  # a log line for an action that was refused or broke an invariant
+
+# A simulation's rows by kind of allocator (its batch-size bars): paged in the first sequence
+# colour, contiguous reservations in the neutral grey.
+ALLOCATOR_COLORS: Dict[str, str] = {"paged": SEQUENCE_PALETTE[0], "contiguous": NEUTRAL}
 
 STATE_COLORS: Dict[str, Tuple[str, str]] = {
     "free": (FREE_FILL, FREE_STROKE),

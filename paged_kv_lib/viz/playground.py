@@ -16,6 +16,7 @@ import ipywidgets as widgets
 
 from ..allocator import PagedKVCacheAllocator
 from . import snapshot
+from .colors import ERROR_TEXT, MUTED_TEXT_SHORT, OK_TEXT
 from .static import widget_bundle
 from .svg import count
 from .views import AddressTranslationView, BlockTableView, FreeQueueView
@@ -419,11 +420,11 @@ class Playground:
     def _log_html(self) -> str:
         shown = self._entries[-self.max_log_lines:] if self.max_log_lines > 0 else []
         if not shown:
-            return '<div class="pkv-log-empty" style="color:#666">log: nothing yet, try "add sequence"</div>'
+            return f'<div class="pkv-log-empty" style="color:{MUTED_TEXT_SHORT}">log: nothing yet, try "add sequence"</div>'
         lines = []
         start = len(self._entries) - len(shown)
         for n, (kind, text) in enumerate(shown, start=start + 1):
-            color = "#b00020" if kind == ERROR else "#1b5e20"
+            color = ERROR_TEXT if kind == ERROR else OK_TEXT
             mark = "\u2717" if kind == ERROR else "\u2713"
             lines.append(
                 f'<div class="pkv-log-line pkv-{kind}" data-kind="{kind}" data-n="{n}" '

@@ -14,13 +14,17 @@ import base64
 import html
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..block import cdiv
 from .colors import (
+    BACKGROUND,
     CACHED_FILL,
     CACHED_STROKE,
     FREE_FILL,
     FREE_STROKE,
     HIGHLIGHT,
     MUTED_TEXT,
+    NEUTRAL,
+    OUTLINE,
     TEXT_DARK,
     seq_color,
     tint,
@@ -124,7 +128,7 @@ def _fill_rows(x: float, y: float, colors: Sequence[str], fill: int, block_size:
         step = CELL_W / block_size
         ticks = " ".join(f"M{_fmt(x + k * step)} {_fmt(y)}v{_fmt(BODY_H)}" for k in range(1, block_size))
         if ticks:
-            parts.append(_el("path", d=ticks, stroke="#ffffff", stroke_width=1, stroke_opacity=0.55))
+            parts.append(_el("path", d=ticks, stroke=BACKGROUND, stroke_width=1, stroke_opacity=0.55))
     return parts
 
 
@@ -132,7 +136,7 @@ def _pill(cx: float, cy: float, text: str) -> List[str]:
     """A small white label readable on any block colour."""
     w = _approx_text_width(text, 10) + 8
     return [
-        _el("rect", x=cx - w / 2, y=cy - 7, width=w, height=14, rx=7, fill="#ffffff", fill_opacity=0.88),
+        _el("rect", x=cx - w / 2, y=cy - 7, width=w, height=14, rx=7, fill=BACKGROUND, fill_opacity=0.88),
         _text(cx, cy + 3.5, text, size=11, anchor="middle"),
     ]
 
@@ -166,18 +170,18 @@ def pool_block(block: Dict[str, Any], x: float, y: float, *, highlight_offset: O
     state, size = block["state"], block["block_size"]
     parts = [_el("title", html.escape(_block_tooltip(block)))]
     body_y = y + HEADER_H
-    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill="#ffffff"))
+    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill=BACKGROUND))
     parts.append(_text(x + 3, y + 11, f"#{block['block_id']}", size=11, weight="bold"))
     if state == "used":
         parts.append(_text(x + CELL_W - 3, y + 11, f"{block['fill']}/{size}", size=11,
                            anchor="end", fill=MUTED_TEXT))
-        parts += _fill_rows(x, body_y, [seq_color(s) for s in block["owners"]] or ["#888888"],
+        parts += _fill_rows(x, body_y, [seq_color(s) for s in block["owners"]] or [NEUTRAL],
                             block["fill"], size)
         parts += _pill(x + CELL_W / 2, body_y + BODY_H / 2, _owner_label(block["owners"], block["ref_count"]))
         if block.get("hash"):
             # A corner flag: this full block's content is in the prefix cache.
             parts.append(_el("path", class_="pkv-hashed", d=f"M{x + CELL_W - 9} {body_y}h9v9z", fill=CACHED_STROKE))
-        stroke, dash, width = "#333333", None, 2 if block["ref_count"] > 1 else 1
+        stroke, dash, width = OUTLINE, None, 2 if block["ref_count"] > 1 else 1
     else:
         fill, stroke = (CACHED_FILL, CACHED_STROKE) if state == "cached" else (FREE_FILL, FREE_STROKE)
         parts.append(_el("rect", x=x, y=body_y, width=CELL_W, height=BODY_H, fill=fill))
@@ -209,7 +213,7 @@ def logical_block(seq_id: int, entry: Dict[str, Any], block_size: int, x: float,
                f"{entry['fill']}/{block_size} of its tokens here"
                + (f", shared (ref_count {entry['ref_count']})" if entry["shared"] else ""))
     parts = [_el("title", html.escape(tooltip))]
-    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill="#ffffff"))
+    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill=BACKGROUND))
     parts.append(_text(x + 3, y + 11, f"L{entry['logical']}", size=11, weight="bold"))
     parts.append(_text(x + CELL_W - 3, y + 11, f"{entry['fill']}/{block_size}", size=11,
                        anchor="end", fill=MUTED_TEXT))
@@ -232,7 +236,7 @@ def _grid_positions(count: int, columns: int, x0: float, y0: float) -> List[Poin
 
 
 def _grid_height(count: int, columns: int) -> float:
-    rows = max(1, -(-count // columns))
+    rows = max(1, cdiv(count, columns))
     return rows * CELL_H + (rows - 1) * GAP
 
 
@@ -255,10 +259,10 @@ def legend_items(seq_ids: Iterable[int], *, shared: bool = False, cached: bool =
     if cached:
         items.append(("cached", CACHED_FILL, "cached (free, reusable prefix)"))
     if shared:
-        items.append(("shared", "#ffffff", "bands / thick border: shared block"))
+        items.append(("shared", BACKGROUND, "bands / thick border: shared block"))
     if hashed:
         items.append(("hashed", CACHED_STROKE, "corner flag: full block in the prefix cache"))
-    items.append(("fill", "#888888", "solid part = filled slots"))
+    items.append(("fill", NEUTRAL, "solid part = filled slots"))
     return items
 
 
@@ -275,9 +279,9 @@ def legend(items: Sequence[Tuple[str, str, str]], x0: float, y0: float, width: f
         elif kind == "cached":
             swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=CACHED_STROKE)
         elif kind == "shared":
-            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke="#333333", stroke_width=2)
+            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=OUTLINE, stroke_width=2)
         elif kind == "hashed":
-            swatch = (_el("rect", x=x, y=y, width=14, height=12, fill="#ffffff", stroke="#333333")
+            swatch = (_el("rect", x=x, y=y, width=14, height=12, fill=BACKGROUND, stroke=OUTLINE)
                       + _el("path", d=f"M{x + 6} {y}h8v8z", fill=color))
         elif kind == "fill":
             swatch = (_el("rect", x=x, y=y, width=14, height=12, fill=tint(color))
@@ -338,7 +342,7 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
             "g",
             _seq_label(MARGIN, y + 15, row["seq_id"], f"seq {row['seq_id']}")
             + _el("rect", x=pool_x, y=y + 2, width=_approx_text_width(text) + 16, height=20, rx=3,
-                  fill="#ffffff", stroke=color, stroke_dasharray="4 2")
+                  fill=BACKGROUND, stroke=color, stroke_dasharray="4 2")
             + _text(pool_x + 8, y + 16, text, size=11, fill=MUTED_TEXT),
             class_="pkv-swapped", data_seq=row["seq_id"], data_tokens=row["num_tokens"]))
         y += 24 + GAP
@@ -383,10 +387,10 @@ def render_free_queue(entries: Sequence[Dict[str, Any]], num_blocks: int, *, col
                               fill=MUTED_TEXT))
         if i + 1 < len(entries) and (i + 1) % columns:
             cell.append(_el("path", d=f"M{x + w + 2} {y + h / 2}h{gap - 6}m-4 -3l4 3l-4 3",
-                            fill="none", stroke="#888888", stroke_width=1.2))
+                            fill="none", stroke=NEUTRAL, stroke_width=1.2))
         parts.append(_el("g", "".join(cell), class_="pkv-free-entry", data_block_id=entry["block_id"],
                          data_state=entry["state"], data_position=i))
-    rows = max(1, -(-len(entries) // columns))
+    rows = max(1, cdiv(len(entries), columns))
     y = y0 + rows * (h + 26) - 10
     shown = min(max(len(entries), 1), columns)
     width = max(MARGIN * 2 + shown * (w + gap) - gap, 560)
@@ -395,61 +399,3 @@ def render_free_queue(entries: Sequence[Dict[str, Any]], num_blocks: int, *, col
         MARGIN, y, width - 2 * MARGIN)
     return _svg(width, y + legend_h + MARGIN, parts + legend_parts,
                 f"free queue of {count(len(entries), 'block')}", "free-queue")
-
-
-def render_translation(model: Dict[str, Any], *, columns: int = 16) -> str:
-    """One token's address translation: the sequence's logical blocks above the pool, the token's
-    logical block linked to its physical block, and the slot outlined in both."""
-    t, blocks, row = model["translation"], model["blocks"], model["sequence"]
-    columns = max(1, min(columns, len(blocks)))
-    x0 = MARGIN + LABEL_W
-    parts: List[str] = []
-    y = MARGIN
-    if t is None:
-        parts.append(_text(MARGIN, y + 14, "no sequence to translate: allocate one first", size=12,
-                           fill=MUTED_TEXT))
-        return _svg(420, 40, parts, "address translation (no sequence)", "translation")
-    parts.append(_el("g", _seq_label(MARGIN, y + CELL_H / 2 + 4, t["seq_id"], f"seq {t['seq_id']}"),
-                     class_="pkv-seq-label", data_seq=t["seq_id"]))
-    logical_pos = {}
-    for i, entry in enumerate(row["blocks"]):
-        lx = x0 + i * (CELL_W + GAP)
-        logical_pos[entry["logical"]] = (lx, y)
-        offset = t["offset"] if entry["logical"] == t["logical_block"] else None
-        parts.append(logical_block(t["seq_id"], entry, t["block_size"], lx, y, highlight_offset=offset))
-    y += CELL_H + 56
-    parts.append(_text(MARGIN, y + CELL_H / 2 + 4, "physical pool", size=11, weight="bold"))
-    pool_pos = _grid_positions(len(blocks), columns, x0, y)
-    link = ""
-    for block, (bx, by) in zip(blocks, pool_pos):
-        hit = block["block_id"] == t["block_id"]
-        parts.append(pool_block(block, bx, by, highlighted=hit, highlight_offset=t["offset"] if hit else None))
-        if hit:
-            lx, ly = logical_pos[t["logical_block"]]
-            link = _link((lx + CELL_W / 2, ly + CELL_H), (bx + CELL_W / 2, by), HIGHLIGHT,
-                         width=2.5, opacity=0.9, cls="pkv-link pkv-translation-link")
-    y += _grid_height(len(blocks), columns) + MARGIN
-    width = x0 + max(columns, len(row["blocks"])) * (CELL_W + GAP) - GAP + MARGIN
-    label = (f"token {t['position']} of seq {t['seq_id']}: logical block {t['logical_block']}, "
-             f"offset {t['offset']}, physical block {t['block_id']}, slot {t['slot']}")
-    return _svg(width, y, parts + [link], label, "translation")
-
-
-def translation_table(t: Optional[Dict[str, Any]]) -> str:
-    """The arithmetic of one translation as a small HTML table (readable without the picture)."""
-    if t is None:
-        return _el("div", "no sequence to translate", class_="pkv-translation-text")
-    bs = t["block_size"]
-    rows = [
-        ("token position", f"{t['position']} (of {t['num_tokens']} in seq {t['seq_id']})"),
-        ("logical block", f"{t['position']} // {bs} = {t['logical_block']}"),
-        ("offset in block", f"{t['position']} % {bs} = {t['offset']}"),
-        ("physical block", f"block_table[{t['logical_block']}] = {t['block_id']}"),
-        ("slot", f"{t['block_id']} \u00d7 {bs} + {t['offset']} = {t['slot']}"),
-    ]
-    cells = "".join(
-        _el("tr", _el("td", html.escape(k), style="padding:1px 10px 1px 0;color:#555")
-            + _el("td", _el("code", html.escape(v))), data_field=k.replace(" ", "-"))
-        for k, v in rows)
-    return _el("table", cells, class_="pkv-translation-text", data_slot=t["slot"],
-               data_block_id=t["block_id"], style="border-collapse:collapse;font-size:13px;font-family:" + FONT)

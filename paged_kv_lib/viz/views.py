@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Set
 import ipywidgets as widgets
 
 from ..errors import PositionError, UnknownSequenceError
-from . import snapshot, svg
+from . import snapshot, svg, svg_translation
 from .static import PicturedBox, PicturedHTML
 
 
@@ -239,13 +239,13 @@ class AddressTranslationView(_View):
         }
 
     def svg(self) -> str:
-        return svg.render_translation(self.model(), columns=self.columns)
+        return svg_translation.render_translation(self.model(), columns=self.columns)
 
     def to_html(self, *, inline: bool = False) -> str:
         m = self.model()
-        picture = self._picture(svg.render_translation(m, columns=self.columns), inline)
+        picture = self._picture(svg_translation.render_translation(m, columns=self.columns), inline)
         return (f'<div class="pkv-view pkv-translation-view"{_WRAP_STYLE}>'
-                f'{svg.translation_table(m["translation"])}{picture}</div>')
+                f'{svg_translation.translation_table(m["translation"])}{picture}</div>')
 
     def summary(self) -> str:
         t = self.model()["translation"]
