@@ -58,7 +58,7 @@ SLOW_FILES = {
     "test_gpu_check.py",
     "test_cli_commands.py",  # the installed command in subprocesses
     "test_hf_peer.py",  # imports transformers and builds a Llama
-    "test_simulate_paper.py",  # paper-sized simulations
+    "simulate/test_simulate_paper.py",  # paper-sized simulations
     "test_allocator_stateful.py",  # hypothesis state machines with many steps
 }
 # Single tests (every parametrization), by file and name; each took seconds in a timed run:

@@ -4,10 +4,11 @@ Reproduces the memory-waste measurement of the PagedAttention paper (Kwon et al.
 SOSP 2023): contiguous Orca-style reservations against the paged allocator, under
 one iteration-level scheduler and a seeded ShareGPT- or Alpaca-like workload::
 
-    from paged_kv_lib.simulate import make_workload, plot_results, simulate
+    from paged_kv_lib.simulate import make_workload, simulate
+    from paged_kv_lib.viz import plot_results
     results = simulate(make_workload("sharegpt", 2000, seed=0), capacity_tokens=15728)
     for r in results:
-        print(r.allocator, f"{r.token_states:.1%}", r.mean_batch)
+        print(r.label, f"{r.token_states:.1%}", r.mean_batch)
     plot_results(results)  # stacked bars of the five parts, and batch sizes
 
 ``load_workload(path)`` reads lengths from a CSV/JSON trace instead; ``run_schedule``
@@ -17,12 +18,11 @@ pictures. ``metrics.py`` defines the five parts of the capacity.
 
 from .contiguous import ContiguousAllocator
 from .metrics import PARTS, SimResult, StepSnapshot
-from .plots import plot_results
 from .runner import ALLOCATORS, DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY, make_memory, simulate
 from .scheduler import run_schedule
 from .workloads import (
     TRACES,
-    Request,
+    TraceRequest,
     Workload,
     WorkloadError,
     load_workload,
@@ -36,7 +36,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_CAPACITY",
     "PARTS",
-    "Request",
+    "TraceRequest",
     "SimResult",
     "StepSnapshot",
     "TRACES",
@@ -45,7 +45,6 @@ __all__ = [
     "load_workload",
     "make_memory",
     "make_workload",
-    "plot_results",
     "requests_from_lengths",
     "run_schedule",
     "simulate",

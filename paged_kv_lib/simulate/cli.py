@@ -10,7 +10,6 @@ from typing import List
 
 from ..memcheck import ensure_fits
 from .metrics import SimResult
-from .plots import label
 from .reservation import FITS
 from .runner import ALLOCATORS, DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY, simulate
 from .workloads import DEFAULT_MAX_LEN, DEFAULT_RATE, TRACES, Workload, WorkloadError, load_workload, make_workload
@@ -89,10 +88,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(results))
         for r in results:
             if r.window != "loaded":
-                print(f"note: {label(r)} never had a request waiting (arrivals too slow to load it); "
+                print(f"note: {r.label} never had a request waiting (arrivals too slow to load it); "
                       f"its averages cover every step with a running request")
     if args.plot:
-        from .plots import plot_results
+        from ..viz.plots import plot_results
 
         try:
             plot_results(results, args.plot, title=f"{workload.name}, {args.capacity_tokens} token slots")
@@ -121,7 +120,7 @@ def format_table(results: List[SimResult]) -> str:
     header = ("allocator", "tokens", "reserved", "internal", "external", "free", "batch", "preempt", "finished")
     rows = [header]
     for r in results:
-        rows.append((label(r), *(f"{100 * getattr(r, p):.1f}%" for p in
+        rows.append((r.label, *(f"{100 * getattr(r, p):.1f}%" for p in
                                  ("token_states", "reserved", "internal", "external", "free")),
                      f"{r.mean_batch:.1f}", str(r.preemptions), str(r.finished)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

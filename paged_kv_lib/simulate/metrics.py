@@ -78,6 +78,13 @@ class SimResult:
         return asdict(self)
 
     @property
+    def label(self) -> str:
+        """A short row name: the allocator, plus the block size for paged rows."""
+        if self.block_size is None:
+            return self.allocator
+        return f"{self.allocator} B={self.block_size}"
+
+    @property
     def waste(self) -> float:
         """Everything but token states."""
         return 1.0 - self.token_states

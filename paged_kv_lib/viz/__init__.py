@@ -2,12 +2,12 @@
 
 ``BlockTableView``, ``FreeQueueView`` and ``AddressTranslationView`` draw one allocator's
 state (static by default, ``.widget()`` for a live one); ``Playground`` adds buttons that
-drive a real allocator; ``plots`` holds the course's matplotlib charts.
+drive a real allocator; ``plots`` holds the course's matplotlib charts (``plot_results`` draws a simulation's rows).
 """
 
 from .colors import MEMORY_PARTS, SEQUENCE_PALETTE, seq_color
 from .playground import Playground
-from .plots import plot_memory_breakdown, plot_usage_over_time
+from .plots import plot_memory_breakdown, plot_results, plot_usage_over_time
 from .static import interact, with_picture
 from .views import AddressTranslationView, BlockTableView, FreeQueueView
 
@@ -20,6 +20,7 @@ __all__ = [
     "SEQUENCE_PALETTE",
     "interact",
     "plot_memory_breakdown",
+    "plot_results",
     "plot_usage_over_time",
     "seq_color",
     "with_picture",

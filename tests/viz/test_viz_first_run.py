@@ -176,12 +176,12 @@ def test_labels_are_dark_text_at_readable_contrast_and_fonts_are_large_enough():
 
 
 def test_one_palette_for_the_memory_parts_everywhere():
-    from paged_kv_lib.simulate import plots as sim_plots
+    from paged_kv_lib.simulate import PARTS
     from paged_kv_lib.viz.plots import BREAKDOWN_CATEGORIES
 
     colors = [c for _, _, c in MEMORY_PARTS]
     assert [c for _, _, c in BREAKDOWN_CATEGORIES] == colors
-    assert [sim_plots._palette()[0][k] for k, _, _ in MEMORY_PARTS] == colors
+    assert [k for k, _, _ in MEMORY_PARTS] == list(PARTS)  # the simulation's parts, in the palette's order
     assert len(set(colors)) == 5
 
 
