@@ -15,7 +15,7 @@ The contract a learner's class meets (pinned in the exercises' text too)::
   under random call sequences (hypothesis) and reports the shortest difference as code;
 - :func:`engine_for` builds an :class:`~paged_kv_lib.engine.Engine` whose block
   bookkeeping is the learner's object;
-- :func:`simulate` runs the simulated workload with a learner's class as one of the
+- :func:`simulate_with_classes` runs the simulated workload with a learner's class as one of the
   allocators.
 """
 
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_allocator", "engine_for", "simulate"]
+__all__ = ["check_allocator", "engine_for", "simulate_with_classes"]
 
 _WHERE = {
     "check_allocator": ".differential",
     "engine_for": ".engine",
-    "simulate": ".simulation",
+    "simulate_with_classes": ".simulation",
 }
 
 

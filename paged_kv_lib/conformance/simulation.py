@@ -1,8 +1,8 @@
-"""``simulate()`` with a learner's allocator class among the allocators.
+"""``simulate_with_classes()``: the simulation with a learner's allocator class among the allocators.
 
 The simulator's paged memory model (:class:`~paged_kv_lib.simulate.paged.PagedMemory`)
 asks its allocator a few more questions than the learner's contract answers (how many
-tokens a sequence holds, whether a prompt would fit). :class:`_Bookkeeping` answers
+tokens a sequence holds, whether a prompt would fit). :class:`_LearnerBookkeeping` answers
 them from the contract's five calls and its own token counts, so the simulation runs
 the learner's block decisions unchanged: every block taken, grown into or given back is
 the learner's. A correct class therefore gives exactly the ``paged`` row, only labelled
@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._validate import as_count
+from ..block import cdiv
 from ..errors import OutOfBlocksError
 from ..simulate.metrics import SimResult
 from ..simulate.paged import PagedMemory
@@ -30,14 +31,14 @@ from ..simulate.runner import simulate as simulate_named
 from ..simulate.scheduler import run_schedule
 from ..simulate.workloads import Workload
 
-__all__ = ["simulate"]
+__all__ = ["simulate_with_classes"]
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class _Bookkeeping:
+class _LearnerBookkeeping:
     """The learner's object, seen through the calls ``PagedMemory`` makes on the library's allocator."""
 
     def __init__(self, cls: Any, num_blocks: int, block_size: int, label: str, strict: bool = False) -> None:
@@ -70,7 +71,7 @@ class _Bookkeeping:
         return list(self.tokens)
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     def can_allocate(self, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) <= self.num_free_blocks
@@ -153,7 +154,7 @@ class _LearnerPagedMemory(PagedMemory):
     def __init__(self, cls: Any, capacity_tokens: int, block_size: int, label: str, strict: bool = False) -> None:
         super().__init__(capacity_tokens, block_size)  # validates the sizes, sets up the counters
         self.name = label
-        self.allocator = _Bookkeeping(cls, capacity_tokens // block_size, block_size, label, strict)  # type: ignore[assignment]
+        self.allocator = _LearnerBookkeeping(cls, capacity_tokens // block_size, block_size, label, strict)  # type: ignore[assignment]
 
 
 def _label(cls: Any) -> str:
@@ -161,7 +162,7 @@ def _label(cls: Any) -> str:
     return name if isinstance(name, str) and name else "allocator"
 
 
-def simulate(
+def simulate_with_classes(
     workload: Workload,
     capacity_tokens: int = DEFAULT_CAPACITY,
     allocators: Iterable[str | Any] = ALLOCATORS,

@@ -375,7 +375,7 @@ def _row(result: Any) -> dict[str, Any]:
 
 def check_allocator_in_simulation(MyAllocator: Any) -> None:
     """Task 08.4: the learner's allocator class, run by the simulator, gives exactly the ``paged`` row."""
-    from ..conformance import simulate as simulate_with_class
+    from ..conformance import simulate_with_classes as simulate_with_class
     from ..simulate import simulate
 
     for what, workload, capacity, block_size in _small_workloads():
@@ -425,7 +425,7 @@ def check_allocator_in_simulation(MyAllocator: Any) -> None:
 
 def _paper_figure(MyAllocator: Any) -> None:
     """Print the paper's memory measurement (§6, Fig. 2's setting) with the learner's class beside Orca's three."""
-    from ..conformance import simulate as simulate_with_class
+    from ..conformance import simulate_with_classes as simulate_with_class
     from ..simulate.cli import format_table
 
     results = simulate_with_class(make_workload("sharegpt", 300, seed=0), 15728,

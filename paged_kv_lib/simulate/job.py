@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .workloads import Request
+from .workloads import TraceRequest
 
 
 class Job:
@@ -17,7 +17,7 @@ class Job:
     __slots__ = ("rid", "request", "final_len", "prefill", "admit_step", "epoch",
                  "start", "size", "blocks", "internal")
 
-    def __init__(self, rid: int, request: Request) -> None:
+    def __init__(self, rid: int, request: TraceRequest) -> None:
         self.rid = rid
         self.request = request
         self.final_len = request.prompt_len + request.output_len

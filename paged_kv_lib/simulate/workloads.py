@@ -26,18 +26,23 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, 
 import numpy as np
 
 from .._validate import as_count
+from ..errors import InvalidArgumentError
 
 DEFAULT_MAX_LEN = 2048
 # Requests per step for trace files without arrivals.
 DEFAULT_RATE = 1.0
 
 
-class WorkloadError(ValueError):
-    """A trace file or a workload parameter is unusable; the message says where and why."""
+class WorkloadError(InvalidArgumentError):
+    """A trace file or a workload parameter is unusable; the message says where and why (a ``ValueError``)."""
 
 
-class Request(NamedTuple):
-    """One request: arrival step (float), prompt tokens, output tokens (both >= 1)."""
+class TraceRequest(NamedTuple):
+    """One request of a trace: arrival step (float), prompt tokens, output tokens (both >= 1).
+
+    Only lengths, no token ids: the engine's :class:`~paged_kv_lib.engine.Request` is the
+    request a model serves, this is the one the memory simulation schedules.
+    """
 
     arrival: float
     prompt_len: int
@@ -79,7 +84,7 @@ class Workload:
     """A named, arrival-ordered tuple of requests and the context length they respect."""
 
     name: str
-    requests: Tuple[Request, ...]
+    requests: Tuple[TraceRequest, ...]
     max_len: int = DEFAULT_MAX_LEN
 
     def __len__(self) -> int:
@@ -120,7 +125,7 @@ def make_workload(
     outputs = _lengths(rng.lognormal(mu_o, shape.output_sigma, num_requests), max_len)
     outputs = np.minimum(outputs, max_len - prompts)
     requests = tuple(
-        Request(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompts, outputs)
+        TraceRequest(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompts, outputs)
     )
     return Workload(name, requests, max_len)
 
@@ -170,7 +175,7 @@ def load_workload(
     else:
         arrivals = given  # type: ignore[assignment]
     requests = sorted(
-        (Request(float(a), p, o) for a, (_, p, o) in zip(arrivals, lengths)),
+        (TraceRequest(float(a), p, o) for a, (_, p, o) in zip(arrivals, lengths)),
         key=lambda r: r.arrival,
     )
     name = os.path.splitext(os.path.basename(path))[0]
@@ -193,7 +198,7 @@ def requests_from_lengths(
         raise WorkloadError("a workload needs at least one request")
     rng = np.random.default_rng(as_count(seed, "seed"))
     arrivals = np.cumsum(rng.exponential(1.0 / _positive(rate, "rate"), len(pairs)))
-    return Workload(name, tuple(Request(float(a), p, o) for a, (p, o) in zip(arrivals, pairs)), max_len)
+    return Workload(name, tuple(TraceRequest(float(a), p, o) for a, (p, o) in zip(arrivals, pairs)), max_len)
 
 
 # ----------------------------------------------------------------- internals

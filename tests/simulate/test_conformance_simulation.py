@@ -1,4 +1,4 @@
-"""conformance.simulate: a learner's allocator class runs the paged memory model of the simulator."""
+"""conformance.simulate_with_classes: a learner's allocator class runs the paged memory model of the simulator."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from paged_kv_lib.conformance import simulate
+from paged_kv_lib.conformance import simulate_with_classes as simulate
 from paged_kv_lib.simulate import make_workload
 from paged_kv_lib.simulate import simulate as library_simulate
 

@@ -10,7 +10,7 @@ from paged_kv_lib.simulate import ALLOCATORS, PARTS, make_memory, make_workload,
 from paged_kv_lib.simulate.job import Job
 from paged_kv_lib.simulate.paged import PagedMemory
 from paged_kv_lib.simulate.reservation import reservation_size
-from paged_kv_lib.simulate.workloads import Request, Workload
+from paged_kv_lib.simulate.workloads import TraceRequest, Workload
 
 
 def run(workload, name, capacity, block_size=16, fit="buddy", check=True):
@@ -53,7 +53,7 @@ workloads = st.lists(
        capacity=st.integers(130, 400), fit=st.sampled_from(["buddy", "first-fit", "best-fit"]))
 @settings(max_examples=120)
 def test_random_workloads_finish_with_consistent_accounting(requests, name, block_size, capacity, fit):
-    reqs = tuple(sorted(Request(a, p, o) for a, p, o in requests))
+    reqs = tuple(sorted(TraceRequest(a, p, o) for a, p, o in requests))
     workload = Workload("random", reqs, max_len=80)
     result, snaps, memory = run(workload, name, capacity, block_size=block_size, fit=fit)
     assert result.finished == len(reqs)
@@ -87,7 +87,7 @@ def test_paged_calls_append_tokens_for_every_generated_token():
 
 def test_preemption_frees_the_newest_and_requeues_it_first():
     memory = PagedMemory(6, 2)  # 3 blocks of 2 slots
-    jobs = [Job(0, Request(0.0, 2, 5)), Job(1, Request(0.0, 3, 5)), Job(2, Request(0.0, 1, 5))]
+    jobs = [Job(0, TraceRequest(0.0, 2, 5)), Job(1, TraceRequest(0.0, 3, 5)), Job(2, TraceRequest(0.0, 1, 5))]
     assert memory.admit(jobs[0], 0)  # 1 block, full
     assert memory.admit(jobs[1], 0)  # 2 blocks, one slot to spare
     assert not memory.admit(jobs[2], 0)  # no block left
@@ -102,7 +102,7 @@ def test_preemption_frees_the_newest_and_requeues_it_first():
 
 def test_a_lone_newest_request_preempts_itself():
     memory = PagedMemory(4, 2)
-    jobs = [Job(0, Request(0.0, 1, 3)), Job(1, Request(0.0, 1, 3))]
+    jobs = [Job(0, TraceRequest(0.0, 1, 3)), Job(1, TraceRequest(0.0, 1, 3))]
     assert memory.admit(jobs[0], 0) and memory.admit(jobs[1], 0)
     running, waiting = list(jobs), deque()
     memory.generate(running, waiting, 0)  # both hold 2 tokens: pool full
@@ -132,7 +132,7 @@ def test_external_fragmentation_is_counted_when_free_space_is_split():
     # 16 slots, first-fit, exact sizes: three 4-slot requests fill slots 0-11 and an
     # 8-slot one waits. While only 12-15 are free it is short of memory ("free"); once
     # the middle request (4-7) leaves, 8 slots are free but split: external.
-    reqs = (Request(0, 1, 3), Request(0, 3, 1), Request(0, 1, 3), Request(0, 4, 4))
+    reqs = (TraceRequest(0, 1, 3), TraceRequest(0, 3, 1), TraceRequest(0, 1, 3), TraceRequest(0, 4, 4))
     result, snaps, _ = run(Workload("split", reqs, max_len=16), "orca-oracle", 16, fit="first-fit")
     assert result.finished == 4
     assert [(s.step, s.external, s.free, s.waiting) for s in snaps[:4]] == [
@@ -171,6 +171,6 @@ def test_results_are_deterministic():
 
 def test_admission_leaves_room_for_the_first_generated_token():
     memory = PagedMemory(4, 2)  # 2 blocks
-    assert memory.admit(Job(0, Request(0.0, 2, 3)), 0)  # takes 1 block, its prompt fills it
-    assert not memory.admit(Job(1, Request(0.0, 2, 3)), 0)  # its prompt alone would fit in the last block
-    assert memory.admit(Job(2, Request(0.0, 1, 3)), 0)
+    assert memory.admit(Job(0, TraceRequest(0.0, 2, 3)), 0)  # takes 1 block, its prompt fills it
+    assert not memory.admit(Job(1, TraceRequest(0.0, 2, 3)), 0)  # its prompt alone would fit in the last block
+    assert memory.admit(Job(2, TraceRequest(0.0, 1, 3)), 0)
