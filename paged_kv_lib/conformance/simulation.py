@@ -23,11 +23,19 @@ from typing import Any
 
 from .._validate import as_count
 from ..block import cdiv
-from ..errors import OutOfBlocksError
+from ..errors import InvalidArgumentError, InvalidTypeError, OutOfBlocksError
 from ..simulate.metrics import SimResult
 from ..simulate.paged import PagedMemory
-from ..simulate.runner import ALLOCATORS, DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY
+from ..simulate.runner import (
+    ALLOCATORS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CAPACITY,
+    allocator_entries,
+    block_sizes,
+    check_workload,
+)
 from ..simulate.runner import simulate as simulate_named
+from ..simulate.reservation import check_fit
 from ..simulate.scheduler import run_schedule
 from ..simulate.workloads import Workload
 
@@ -179,18 +187,20 @@ def simulate_with_classes(
     runs the paged memory model with its own bookkeeping, once per block size; its
     :class:`SimResult` is labelled with the class's name. Names run as in the library.
     """
-    entries = list(allocators)
+    check_workload(workload)
+    entries = allocator_entries(allocators)
     for entry in entries:
         if isinstance(entry, str):
             if entry not in ALLOCATORS:
-                raise ValueError(f"unknown allocator {entry!r}: choose from {ALLOCATORS} or pass a class")
+                raise InvalidArgumentError(f"unknown allocator {entry!r}: choose from {ALLOCATORS} or pass a class")
         elif not callable(entry):
-            raise TypeError(f"allocators holds {entry!r}: expected one of {ALLOCATORS} or an allocator class")
+            raise InvalidTypeError(f"allocators holds {entry!r}: expected one of {ALLOCATORS} or an allocator class")
     capacity_tokens = as_count(capacity_tokens, "capacity_tokens", minimum=1)
-    sizes = [block_size] if isinstance(block_size, int) else list(block_size)
-    if not sizes:
-        raise ValueError("block_size needs at least one value")
-    sizes = [as_count(size, "block_size", minimum=1) for size in sizes]
+    sizes = block_sizes(block_size)
+    check_fit(fit)
+    if any(not isinstance(e, str) or e == "paged" for e in entries) and capacity_tokens < min(sizes):
+        raise InvalidArgumentError(f"block_size {min(sizes)} is larger than the capacity of "
+                                   f"{capacity_tokens} token slots")
     results: list[SimResult] = []
     for entry in entries:
         if isinstance(entry, str):

@@ -19,6 +19,7 @@ from bisect import bisect_right
 from typing import Dict, List, Optional, Set, Tuple
 
 from .._validate import as_count
+from ..errors import InvalidArgumentError
 
 
 def round_up_pow2(size: int) -> int:
@@ -114,7 +115,8 @@ class BuddyAllocator:
         """Release the block at ``start``, merging with free buddies; returns the block's size."""
         order = self._used.pop(start, None)
         if order is None:
-            raise ValueError(f"no allocated block starts at {start!r} (double free or wrong address)")
+            raise InvalidArgumentError(f"no allocated block starts at {start!r} (double free or wrong address); "
+                                       f"allocated starts: {sorted(self._used)[:8]}")
         size = 1 << order
         self._num_used -= size
         limit = self._root_orders[bisect_right(self._roots, start) - 1]

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import List
 
+from ..errors import InvalidArgumentError
 from ..memcheck import ensure_fits
 from .metrics import SimResult
 from .reservation import FITS
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         sizes = _int_list(args.block_size, "--block-size")
         allocators = [a.strip() for a in args.allocators.split(",") if a.strip()]
         if not allocators:
-            raise ValueError(f"--allocators names no allocator; choose from {', '.join(ALLOCATORS)}")
+            raise InvalidArgumentError(f"--allocators names no allocator; choose from {', '.join(ALLOCATORS)}")
         if args.plot:
             _check_plot_path(args.plot)
         ensure_fits(estimated_bytes(args, sizes, allocators),
@@ -152,13 +153,13 @@ def _check_plot_path(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in PLOT_SUFFIXES:
-        raise ValueError(f"--plot {path}: give a file ending in {', '.join(PLOT_SUFFIXES)}")
+        raise InvalidArgumentError(f"--plot {path}: give a file ending in {', '.join(PLOT_SUFFIXES)}")
     if os.path.isdir(path):
-        raise ValueError(f"--plot {path}: is a folder")
+        raise InvalidArgumentError(f"--plot {path}: is a folder")
     if not os.path.isdir(folder):
-        raise ValueError(f"--plot {path}: no folder {folder}")
+        raise InvalidArgumentError(f"--plot {path}: no folder {folder}")
     if not os.access(folder, os.W_OK):
-        raise ValueError(f"--plot {path}: cannot write in {folder}")
+        raise InvalidArgumentError(f"--plot {path}: cannot write in {folder}")
 
 
 def _int_list(text: str, flag: str) -> List[int]:
@@ -167,7 +168,7 @@ def _int_list(text: str, flag: str) -> List[int]:
         try:
             values.append(int(part))
         except ValueError:
-            raise ValueError(f"{flag} takes integers separated by commas, got {text!r}") from None
+            raise InvalidArgumentError(f"{flag} takes integers separated by commas, got {text!r}") from None
     return values
 
 

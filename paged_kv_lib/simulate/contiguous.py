@@ -16,6 +16,7 @@ from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
 from .._validate import as_count
+from ..errors import InvalidArgumentError
 
 POLICIES = ("first-fit", "best-fit")
 
@@ -26,9 +27,10 @@ class ContiguousAllocator:
     __slots__ = ("capacity", "policy", "_starts", "_sizes", "_used", "_num_used", "_largest")
 
     def __init__(self, capacity: int, policy: str = "first-fit") -> None:
-        self.capacity = as_count(capacity, "capacity", minimum=1)
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        capacity = as_count(capacity, "capacity", minimum=1)
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.capacity = capacity
         self.policy = policy
         # Holes sorted by start; _sizes[i] is the length of the hole at _starts[i].
         self._starts: List[int] = [0]
@@ -99,7 +101,8 @@ class ContiguousAllocator:
         """Release the region that begins at ``start``; returns its size. Unknown starts raise."""
         size = self._used.pop(start, None)
         if size is None:
-            raise ValueError(f"no allocated region starts at {start!r} (double free or wrong address)")
+            raise InvalidArgumentError(f"no allocated region starts at {start!r} (double free or wrong address); "
+                                       f"allocated starts: {sorted(self._used)[:8]}")
         self._num_used -= size
         index = bisect_left(self._starts, start)
         end = start + size

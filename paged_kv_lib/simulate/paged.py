@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Deque, List, Optional, Tuple
 
 from ..allocator import PagedKVCacheAllocator
-from ..errors import OutOfBlocksError
+from ..errors import InvalidArgumentError, OutOfBlocksError
 from .job import Job
 
 
@@ -24,7 +24,7 @@ class PagedMemory:
     def __init__(self, capacity_tokens: int, block_size: int) -> None:
         num_blocks = capacity_tokens // block_size
         if num_blocks < 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"block_size {block_size} is larger than the capacity of {capacity_tokens} token slots"
             )
         self.block_size = block_size

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Deque, Dict, List, Tuple
 
+from .._validate import as_count
+from ..errors import InvalidArgumentError
 from .buddy import BuddyAllocator
 from .contiguous import POLICIES, ContiguousAllocator
 from .job import Job
@@ -35,14 +37,21 @@ def reservation_size(kind: str, prompt_len: int, output_len: int, max_len: int) 
     """
     for name, value in (("prompt_len", prompt_len), ("output_len", output_len)):
         if type(value) is not int or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+            as_count(value, name, minimum=1)  # raises the typed error, naming the value and the limit
     if kind == "orca-max":
         return max_len
     if kind == "orca-pow2":
         return min(prompt_len + (1 << (output_len - 1).bit_length()), max_len)
     if kind == "orca-oracle":
         return prompt_len + output_len
-    raise ValueError(f"unknown reservation {kind!r}: choose one of {RESERVATIONS}")
+    raise InvalidArgumentError(f"unknown reservation {kind!r}: choose one of {RESERVATIONS}")
+
+
+def check_fit(fit: object) -> str:
+    """``fit`` when it names a contiguous hole policy (one of ``FITS``), else a typed error."""
+    if not isinstance(fit, str) or fit not in FITS:
+        raise InvalidArgumentError(f"fit must be one of {FITS}, got {fit!r}")
+    return fit
 
 
 class ContiguousMemory:
@@ -53,8 +62,7 @@ class ContiguousMemory:
 
     def __init__(self, kind: str, capacity_tokens: int, max_len: int, fit: str = "buddy") -> None:
         reservation_size(kind, 1, 1, max_len)  # validates kind
-        if fit not in FITS:
-            raise ValueError(f"fit must be one of {FITS}, got {fit!r}")
+        check_fit(fit)
         self.name = kind
         self.max_len = max_len
         self.capacity = capacity_tokens

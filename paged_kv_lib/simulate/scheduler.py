@@ -13,6 +13,7 @@ import math
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
+from ..errors import InvalidArgumentError
 from .job import Job
 from .metrics import Averager, SimResult, StepSnapshot
 from .workloads import Workload
@@ -59,7 +60,7 @@ def run_schedule(
     for i, request in enumerate(requests):
         peak = memory.peak(Job(i, request))
         if peak > usable:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"request {i} ({request.prompt_len} + {request.output_len} tokens) needs {peak} "
                 f"slots under {memory.name}, more than the {usable} usable slots of the capacity"
             )

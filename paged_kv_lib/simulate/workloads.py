@@ -21,12 +21,12 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._validate import as_count
-from ..errors import InvalidArgumentError
+from .._validate import as_count, as_iterable
+from ..errors import InvalidArgumentError, InvalidTypeError
 
 DEFAULT_MAX_LEN = 2048
 # Requests per step for trace files without arrivals.
@@ -110,7 +110,7 @@ def make_workload(
     Arrivals are a Poisson process of ``rate`` requests per step (default: the trace's
     saturating rate); the same seed gives the same workload.
     """
-    shape = TRACES.get(name)
+    shape = TRACES.get(name) if isinstance(name, str) else None
     if shape is None:
         raise WorkloadError(f"unknown workload {name!r}: choose one of {sorted(TRACES)} or a trace file")
     num_requests = as_count(num_requests, "num_requests", minimum=1)
@@ -150,7 +150,11 @@ def load_workload(
     rate = _positive(rate, "rate")
     if num_requests is not None:
         num_requests = as_count(num_requests, "num_requests", minimum=1)
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
     path = os.fspath(path)
+    if not isinstance(path, str):
+        raise InvalidTypeError(f"path must name a file as text, got {type(path).__name__} {path!r}")
     if not os.path.isfile(path):
         raise WorkloadError(f"trace file {path!r} does not exist")
     suffix = os.path.splitext(path)[1].lower()
@@ -193,7 +197,7 @@ def requests_from_lengths(
     """A workload from ``(prompt_len, output_len)`` pairs with Poisson arrivals (handy in lessons and tests)."""
     max_len = as_count(max_len, "max_len", minimum=2)
     pairs = [_checked_row("lengths", f"pair {i}", {"prompt_len": p, "output_len": o}, max_len)[1:]
-             for i, (p, o) in enumerate(lengths)]
+             for i, (p, o) in enumerate(_pairs(lengths))]
     if not pairs:
         raise WorkloadError("a workload needs at least one request")
     rng = np.random.default_rng(as_count(seed, "seed"))
@@ -202,11 +206,24 @@ def requests_from_lengths(
 
 
 # ----------------------------------------------------------------- internals
+def _pairs(lengths: Any) -> List[Tuple[Any, Any]]:
+    """``lengths`` as a list of 2-item pairs, or a typed error naming the first that is not one."""
+    pairs = []
+    for i, pair in enumerate(as_iterable(lengths, "lengths")):
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable):
+            raise InvalidTypeError(f"lengths, pair {i}: expected (prompt_len, output_len), got {pair!r}")
+        items = tuple(pair)
+        if len(items) != 2:
+            raise WorkloadError(f"lengths, pair {i}: expected 2 values (prompt_len, output_len), got {len(items)}")
+        pairs.append((items[0], items[1]))
+    return pairs
+
+
 def _positive(value: float, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        raise InvalidTypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
 

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
+from ..errors import InvalidArgumentError
 from ..prefix_cache import chain_keys
 from .colors import FREE_FILL, FREE_STROKE, SEQUENCE_PALETTE, TEXT_DARK, text_color_on, tint
 
@@ -27,10 +28,10 @@ def plot_hash_chain(
 ) -> Figure:
     """Draw each prompt's full blocks and their chained keys; equal keys share a colour."""
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+        raise InvalidArgumentError(f"block_size must be >= 1, got {block_size}")
     rows = [list(p) for p in prompts]
     if not rows:
-        raise ValueError("give at least one prompt")
+        raise InvalidArgumentError("give at least one prompt")
     labels = list(labels) if labels is not None else [f"prompt {i}" for i in range(len(rows))]
     keys = [chain_keys(tokens, block_size) for tokens in rows]
     colours: Dict[bytes, str] = {}

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Set
 
 import ipywidgets as widgets
 
-from ..errors import PositionError, UnknownSequenceError
+from ..errors import InvalidArgumentError, PositionError, UnknownSequenceError
 from . import snapshot, svg, svg_translation
 from .static import PicturedBox, PicturedHTML
 
@@ -33,7 +33,7 @@ class _View:
 
     def __init__(self, allocator: Any, *, columns: int = 16) -> None:
         if columns < 1:
-            raise ValueError(f"columns must be >= 1, got {columns}")
+            raise InvalidArgumentError(f"columns must be >= 1, got {columns}")
         self.allocator = allocator
         self.columns = columns
         self._html: Optional[widgets.HTML] = None

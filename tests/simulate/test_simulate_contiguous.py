@@ -176,8 +176,10 @@ def test_invariant_checks_catch_corruption():
 
 @pytest.mark.parametrize("prompt_len, output_len", [(5, 0), (0, 3), (-1, 2), (4, True)])
 def test_reservation_refuses_empty_requests(prompt_len, output_len):
+    from paged_kv_lib.errors import PagedKVError
     from paged_kv_lib.simulate.reservation import reservation_size
 
     for kind in ("orca-max", "orca-pow2", "orca-oracle"):
-        with pytest.raises(ValueError, match="must be a whole number >= 1"):
+        # below 1: an InvalidArgumentError (a ValueError); a bool: an InvalidTypeError (a TypeError)
+        with pytest.raises(PagedKVError, match=r"(prompt_len|output_len) must be (>= 1|an int)"):
             reservation_size(kind, prompt_len, output_len, 64)
