@@ -158,12 +158,13 @@ def load_workload(
     if not os.path.isfile(path):
         raise WorkloadError(f"trace file {path!r} does not exist")
     suffix = os.path.splitext(path)[1].lower()
-    if suffix == ".csv":
-        rows = _read_csv(path)
-    elif suffix == ".json":
-        rows = _read_json(path)
-    else:
+    if suffix not in (".csv", ".json"):
         raise WorkloadError(f"trace file {path!r} must end in .csv or .json, got {suffix or 'no suffix'!r}")
+    try:
+        rows = _read_csv(path) if suffix == ".csv" else _read_json(path)
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"trace file {path!r} is not UTF-8 text: byte {exc.object[exc.start]:#04x} "
+                            f"at position {exc.start}") from None
     if not rows:
         raise WorkloadError(f"trace file {path!r} holds no requests")
     if num_requests is not None:
