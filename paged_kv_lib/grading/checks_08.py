@@ -426,7 +426,7 @@ def check_allocator_in_simulation(MyAllocator: Any) -> None:
 def _paper_figure(MyAllocator: Any) -> None:
     """Print the paper's memory measurement (§6, Fig. 2's setting) with the learner's class beside Orca's three."""
     from ..conformance import simulate_with_classes as simulate_with_class
-    from ..simulate.cli import format_table
+    from ..simulate.report import format_table
 
     results = simulate_with_class(make_workload("sharegpt", 300, seed=0), 15728,
                                   allocators=["orca-max", "orca-pow2", "orca-oracle", MyAllocator])

@@ -10,7 +10,7 @@ from typing import List
 
 from ..errors import InvalidArgumentError
 from ..memcheck import ensure_fits
-from .metrics import SimResult
+from .report import format_table, report
 from .reservation import FITS
 from .runner import ALLOCATORS, DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY, simulate
 from .workloads import DEFAULT_MAX_LEN, DEFAULT_RATE, TRACES, Workload, WorkloadError, load_workload, make_workload
@@ -103,31 +103,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0
-
-
-def report(workload: Workload, capacity_tokens: int, results: List[SimResult], **extra) -> dict:
-    """The ``--json`` object: the run's settings and one entry per allocator row."""
-    rows = []
-    for r in results:
-        row = r.as_dict()
-        row.pop("capacity_tokens")
-        rows.append(row)
-    return {"workload": workload.name, "capacity_tokens": capacity_tokens, "requests": len(workload),
-            "max_len": workload.max_len, **extra, "results": rows}
-
-
-def format_table(results: List[SimResult]) -> str:
-    """One aligned text row per result: the five parts in percent, batch, preemptions, finished."""
-    header = ("allocator", "tokens", "reserved", "internal", "external", "free", "batch", "preempt", "finished")
-    rows = [header]
-    for r in results:
-        rows.append((r.label, *(f"{100 * getattr(r, p):.1f}%" for p in
-                                 ("token_states", "reserved", "internal", "external", "free")),
-                     f"{r.mean_batch:.1f}", str(r.preemptions), str(r.finished)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    return "\n".join(lines)
 
 
 def _requests(args: argparse.Namespace) -> int:
