@@ -6,7 +6,7 @@ rather than in the CLI (``paged_kv_lib.simulate.cli`` re-exports both).
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 from .metrics import SimResult
 from .workloads import Workload
@@ -28,7 +28,7 @@ def report(workload: Workload, capacity_tokens: int, results: List[SimResult], *
 def format_table(results: List[SimResult]) -> str:
     """One aligned text row per result: the five parts in percent, batch, preemptions, finished."""
     header = ("allocator", "tokens", "reserved", "internal", "external", "free", "batch", "preempt", "finished")
-    rows = [header]
+    rows: List[Tuple[str, ...]] = [header]
     for r in results:
         rows.append((r.label, *(f"{100 * getattr(r, p):.1f}%" for p in
                                  ("token_states", "reserved", "internal", "external", "free")),

@@ -36,7 +36,7 @@ def render_translation(model: Dict[str, Any], *, columns: int = 16) -> str:
     columns = max(1, min(columns, len(blocks)))
     x0 = MARGIN + LABEL_W
     parts: List[str] = []
-    y = MARGIN
+    y: float = MARGIN
     if t is None:
         parts.append(_text(MARGIN, y + 14, "no sequence to translate: allocate one first", size=12,
                            fill=MUTED_TEXT))
