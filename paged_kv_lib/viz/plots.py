@@ -124,8 +124,6 @@ def plot_memory_breakdown(
         ax.set_ylim(0, 100)
     if title:
         ax.set_title(title)
-    if len(names) > 3 and max(len(n) for n in names) > 8:
-        ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
     if legend:
         handles, labels = ax.get_legend_handles_labels()
         # Legend top to bottom in the same order as the stack.
