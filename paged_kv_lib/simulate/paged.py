@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Deque, List, Optional, Tuple
 
 from ..allocator import PagedKVCacheAllocator
+from ..block import cdiv
 from ..errors import InvalidArgumentError, OutOfBlocksError
 from .job import Job
 
@@ -49,7 +50,7 @@ class PagedMemory:
             return False
         self.allocator.allocate_for_sequence(job.rid, job.prefill)
         job.admit_step = step
-        job.blocks = -(-job.prefill // self.block_size)
+        job.blocks = cdiv(job.prefill, self.block_size)
         job.internal = max(0, job.blocks * self.block_size - job.final_len)
         self.internal += job.internal
         self.tokens += job.prefill

@@ -60,6 +60,17 @@ ERROR_TEXT = "#b00020"  # a log line for an action that was refused or broke an 
 # colour, contiguous reservations in the neutral grey.
 ALLOCATOR_COLORS: Dict[str, str] = {"paged": SEQUENCE_PALETTE[0], "contiguous": NEUTRAL}
 
+# A request's state over an engine run (lesson 07's timeline), from the same safe set.
+REQUEST_STATE_COLORS: Dict[str, str] = {
+    "waiting": SEQUENCE_PALETTE[1],  # orange
+    "running": SEQUENCE_PALETTE[0],  # blue
+    "swapped": SEQUENCE_PALETTE[3],  # reddish purple
+    "finished": FREE_FILL,
+}
+# What a step's batched tokens are (stacked bars of one step): decodes and prompt chunks.
+TOKEN_KIND_COLORS: Dict[str, str] = {"decode": SEQUENCE_PALETTE[0], "prefill": SEQUENCE_PALETTE[1]}
+EVENT_LINE = SEQUENCE_PALETTE[5]  # vermillion: a moment marked on a time axis (a preemption)
+
 STATE_COLORS: Dict[str, Tuple[str, str]] = {
     "free": (FREE_FILL, FREE_STROKE),
     "cached": (CACHED_FILL, CACHED_STROKE),
