@@ -164,6 +164,9 @@ class _LearnerPagedMemory(PagedMemory):
         self.name = label
         self.allocator = _LearnerBookkeeping(cls, capacity_tokens // block_size, block_size, label, strict)  # type: ignore[assignment]
 
+    def check(self) -> None:
+        self.allocator.check_invariants()  # the adapter's own checks of the learner's books
+
 
 def _label(cls: Any) -> str:
     name = getattr(cls, "__name__", None)

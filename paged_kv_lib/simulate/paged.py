@@ -1,7 +1,7 @@
-"""Paged memory for the simulator: the library's real allocator, grown one token at a time.
+"""Paged memory for the simulator: the library's real block manager, grown one token at a time.
 
 A request gets blocks for its prompt when admitted and one more block whenever a new
-token starts one (``PagedKVCacheAllocator.append_tokens``). When no block is left,
+token starts one (``BlockManager.append_tokens``). When no block is left,
 the newest running request is preempted by recompute: its blocks are freed and it
 goes back to the front of the waiting queue, to be re-admitted later with its prompt
 plus the tokens it had generated as the new prompt (as vLLM does by default).
@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from typing import Deque, List, Optional, Tuple
 
-from ..allocator import PagedKVCacheAllocator
 from ..block import cdiv
+from ..block_manager import BlockManager
 from ..errors import InvalidArgumentError, OutOfBlocksError
+from ..invariants import check_invariants
 from .job import Job
 
 
 class PagedMemory:
-    """A memory model for the scheduler backed by ``PagedKVCacheAllocator(allocate_cache=False)``."""
+    """A memory model for the scheduler backed by the library's :class:`BlockManager` (bookkeeping, no tensors)."""
 
     name = "paged"
 
@@ -30,7 +31,7 @@ class PagedMemory:
             )
         self.block_size = block_size
         self.capacity = capacity_tokens
-        self.allocator = PagedKVCacheAllocator(num_blocks, block_size, 1, 1, allocate_cache=False)
+        self.allocator = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         # Slots past the last whole block can never hold a token: counted as internal.
         self.lost = capacity_tokens - num_blocks * block_size
         self.tokens = 0
@@ -97,7 +98,7 @@ class PagedMemory:
         return tokens, reserved, internal
 
     def check(self) -> None:
-        self.allocator.check_invariants()
+        check_invariants(self.allocator)
 
     # ------------------------------------------------------------ internals
     def _grew(self, job: Job, new_blocks: int) -> None:
