@@ -75,6 +75,7 @@ class PagedKVCacheAllocator:
         self.dtype, self.device = store.dtype, store.device
         self.enable_prefix_caching = self.manager.enable_prefix_caching
         self.k_caches, self.v_caches = store.k_caches, store.v_caches
+        self._grow = self.manager.append_tokens  # bound once: append_tokens is on every decode step's path
 
     # ------------------------------------------------------------------ views
     @property
@@ -252,7 +253,9 @@ class PagedKVCacheAllocator:
         of blocks newly placed in the table (an empty tuple on most decode steps).
         ``token_ids`` are the new tokens, so blocks that fill up become cacheable.
         """
-        return self.manager.append_tokens(seq_id, num_tokens, token_ids=token_ids)
+        if token_ids is None:
+            return self._grow(seq_id, num_tokens)
+        return self._grow(seq_id, num_tokens, token_ids=token_ids)
 
     def append_tokens_batch(
         self, seq_ids: Iterable[int], num_tokens: int = 1, *, token_ids: Optional[Sequence[TokenIds]] = None

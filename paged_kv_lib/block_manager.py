@@ -18,15 +18,15 @@ import math
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_ids
-from .batch_growth import DecodeBatch
 from .block import Block, blocks_needed, cdiv
 from .block_pool import BlockPool
 from .block_table import BlockTable
 from .errors import BlocksInUseError, DuplicateSequenceError, InvalidArgumentError
 from .errors import OutOfBlocksError, SequenceStateError, UnknownSequenceError
+from .growth import DecodeBatch, add_blocks, copy_shared, grow_checked
 from .invariants import check_invariants
 from .pool_stats import AllocatorStats, pool_stats
-from .prefix_cache import PromptPlan, as_extra_key, chain_keys, extend_chain
+from .prefix_cache import PromptPlan, as_extra_key
 from .swap_space import SwapSpace
 
 TokenIds = Optional[Sequence[int]]
@@ -300,9 +300,12 @@ class BlockManager:
             if table.num_tokens <= new_len <= self._limits[seq_id]:
                 table.num_tokens = new_len
                 return ()
-            if num_tokens >= 0:  # a block boundary (or a shared tail): the checked path, args already checked
-                return self._grow(seq_id, table, num_tokens, None)
-        return self._grow(seq_id, self.table(seq_id), as_count(num_tokens, "num_tokens"), token_ids)
+            if num_tokens >= 0:  # args checked: a block boundary, or a shared tail to copy first
+                capacity = len(table.block_ids) * self.block_size
+                if self._limits[seq_id] == capacity and table.token_ids is None:  # whole new blocks only
+                    return add_blocks(self, seq_id, table, new_len, capacity)
+                return grow_checked(self, seq_id, table, num_tokens, None)
+        return grow_checked(self, seq_id, self.table(seq_id), as_count(num_tokens, "num_tokens"), token_ids)
 
     def append_tokens_batch(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
                             token_ids: Optional[Sequence[TokenIds]] = None) -> Dict[int, Tuple[int, ...]]:
@@ -336,15 +339,7 @@ class BlockManager:
 
     def make_writable(self, seq_id: int, logical_blocks: Iterable[int]) -> Tuple[Tuple[int, int], ...]:
         """Before a write into these logical blocks, copy each one other tables hold; returns the copies."""
-        table = self.table(seq_id)
-        blocks = self._blocks
-        shared = [i for i in sorted(set(logical_blocks)) if blocks[table.block_ids[i]].ref_count > 1]
-        if len(shared) > len(self._free):
-            raise OutOfBlocksError(len(shared), len(self._free), f"copy shared blocks of sequence {seq_id}")
-        try:
-            return tuple(self._pool.copy_on_write(table, i, self.on_copy) for i in shared)
-        finally:
-            self._refresh_limit(seq_id, table)
+        return copy_shared(self, seq_id, self.table(seq_id), logical_blocks)
 
     # ------------------------------------------------------------------ swap
     def swap_out(self, seq_id: int) -> Tuple[List[int], List[int]]:
@@ -421,12 +416,8 @@ class BlockManager:
     # ------------------------------------------------------------------ internals
     def _plan_prompt(self, num_tokens: int, token_ids: TokenIds, extra_key: ExtraKey) -> PromptPlan:
         """What allocating a prompt would take (keys, cache hits, blocks from the free queue); changes nothing."""
-        tokens = self._tokens(token_ids, num_tokens)
-        salt = as_extra_key(extra_key)
-        keys = chain_keys(tokens, self.block_size, salt) if tokens is not None else []
-        hits = self._prefix.longest_prefix(keys)
-        hit_free = sum(1 for b in hits if self._blocks[b].ref_count == 0)
-        return PromptPlan(tokens, salt, keys, hits, hit_free, cdiv(num_tokens, self.block_size) - len(hits))
+        return self._pool.plan_prompt(self._tokens(token_ids, num_tokens), as_extra_key(extra_key), num_tokens,
+                                      self.block_size)
 
     def _tokens(self, token_ids: TokenIds, expected: int) -> Optional[List[int]]:
         """Validated token ids, or ``None`` when absent or prefix caching is off."""
@@ -442,31 +433,6 @@ class BlockManager:
         copy = num_tokens > 0 and old_len < len(ids) * self.block_size and self._blocks[ids[-1]].ref_count > 1
         return max(0, cdiv(old_len + num_tokens, self.block_size) - len(ids)), copy
 
-
-    def _grow(self, seq_id: int, table: BlockTable, num_tokens: int, token_ids: TokenIds) -> Tuple[int, ...]:
-        """The checked path of ``append_tokens``: copy-on-write, new blocks, new content keys."""
-        tokens = None if token_ids is None else self._tokens(token_ids, num_tokens)
-        if table.token_ids is None:
-            tokens = None
-        new_len = table.num_tokens + num_tokens
-        needed, copy = self._append_cost(table, num_tokens)
-        if copy + needed > len(self._free):
-            raise OutOfBlocksError(copy + needed, len(self._free), f"grow sequence {seq_id} to {new_len} tokens")
-        placed = [self._pool.copy_on_write(table, len(table.block_ids) - 1, self.on_copy)[1]] if copy else []
-        if needed:
-            new_ids = self._pool.take(needed)
-            table.block_ids += new_ids
-            placed += new_ids
-        table.num_tokens = new_len
-        if tokens is None or table.token_ids is None:
-            table.token_ids = None  # the content is unknown from here on: no more keys
-        else:
-            table.token_ids.extend(tokens)
-            first_new_key = len(table.block_keys)
-            extend_chain(table.block_keys, table.token_ids, self.block_size, table.extra_key)
-            self._pool.register(table, first_new_key)
-        self._refresh_limit(seq_id, table)
-        return tuple(placed)
 
     def _refresh_limit(self, seq_id: int, table: BlockTable) -> None:
         """Recompute up to what length the fast path of ``append_tokens`` may grow this resident table:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Deque, List, Optional, Tuple
 
-from .block import Block
+from .block import Block, cdiv
 from .block_table import BlockTable
 from .free_queue import FreeBlockQueue
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, PromptPlan, chain_keys
 
 CopyHook = Optional[Callable[[int, int], None]]
 
@@ -40,7 +40,7 @@ class BlockPool:
 
     def take(self, n: int) -> List[int]:
         """Pop ``n`` blocks off the free queue, each now held once; their cached content is evicted."""
-        ids = self.free.pop_many(n)
+        ids = [self.free.popleft()] if n == 1 else self.free.pop_many(n)  # one block: most growth steps
         blocks = self.blocks
         for block_id in ids:
             block = blocks[block_id]
@@ -110,6 +110,15 @@ class BlockPool:
         self.copy_log.append((src, dst))
         self.num_copies += 1
         return (src, dst)
+
+    def plan_prompt(self, tokens: Optional[List[int]], salt: Optional[bytes], num_tokens: int,
+                    block_size: int) -> PromptPlan:
+        """What allocating a prompt of ``num_tokens`` (content ``tokens``, if known) takes: its keys, the
+        cached blocks it hits, and how many blocks leave the free queue; changes nothing."""
+        keys = chain_keys(tokens, block_size, salt) if tokens is not None else []
+        hits = self.prefix.longest_prefix(keys)
+        hit_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return PromptPlan(tokens, salt, keys, hits, hit_free, cdiv(num_tokens, block_size) - len(hits))
 
     def num_cached_free(self) -> int:
         """Free blocks that still hold findable content."""
