@@ -100,7 +100,8 @@ class DecodeBatch:
             ids = seq_ids
         else:
             ids = tuple(seq_ids if type(seq_ids) is list else as_iterable(seq_ids, "seq_ids"))
-        if ids == self.ids and self.epoch == manager._removals:
+        # (== alone would take False for 0: a bool is never an id, and the memo must not let one in.)
+        if ids == self.ids and self.epoch == manager._removals and bool not in map(type, ids):
             rows = self.rows
         else:
             rows = self._check(manager, ids)
