@@ -84,24 +84,24 @@ def copy_shared(manager: "BlockManager", seq_id: int, table: BlockTable,
 class DecodeBatch:
     """The memo of the last batch checked: its ids, their live tables, and the manager's removal count then."""
 
-    __slots__ = ("ids", "rows", "epoch")
+    __slots__ = ("ids", "rows", "epoch", "small")
 
     def __init__(self) -> None:
-        self.ids: Tuple[Any, ...] = ()
+        self.ids: Sequence[Any] = ()
         self.rows: List[BlockTable] = []
         self.epoch = -1
+        self.small: List[int] = []  # where ids holds 0 or 1 (a bool would compare equal there)
 
     def grow(self, manager: "BlockManager", seq_ids: Any, num_tokens: Any,
              token_ids: Optional[Sequence["TokenIds"]]) -> Dict[int, Tuple[int, ...]]:
         """``manager.append_tokens_batch(seq_ids, num_tokens, token_ids=token_ids)`` (see there)."""
         if type(num_tokens) is not int or num_tokens < 0:
             num_tokens = as_count(num_tokens, "num_tokens")
-        if type(seq_ids) is tuple:
-            ids = seq_ids
-        else:
-            ids = tuple(seq_ids if type(seq_ids) is list else as_iterable(seq_ids, "seq_ids"))
-        # (== alone would take False for 0: a bool is never an id, and the memo must not let one in.)
-        if ids == self.ids and self.epoch == manager._removals and bool not in map(type, ids):
+        ids = seq_ids if type(seq_ids) in (list, tuple) else tuple(as_iterable(seq_ids, "seq_ids"))
+        # The memo is a copy of the last ids checked, of the same type (a list never equals a tuple). ``==``
+        # would take False for 0 and True for 1, so the positions where the memo holds 0 or 1 are rechecked.
+        if (ids == self.ids and type(ids) is type(self.ids) and self.epoch == manager._removals
+                and (not self.small or all(type(ids[i]) is int for i in self.small))):
             rows = self.rows
         else:
             rows = self._check(manager, ids)
@@ -123,26 +123,20 @@ class DecodeBatch:
         # Most steps: a few sequences that own their last block, track no content, and need whole new
         # blocks: one pop for all, dealt out in the listed order (the ids one call per sequence gives).
         block_size = manager.block_size
-        counts = []
         for seq_id, table in slow:
-            capacity = len(table.block_ids) * block_size
-            if table.token_ids is not None or limits[seq_id] != capacity:
+            if table.token_ids is not None or limits[seq_id] != len(table.block_ids) * block_size:
                 return self._grow_slow(manager, ids, rows, slow, num_tokens, None)
-            over = table.num_tokens + num_tokens - capacity
-            counts.append(1 if over <= block_size else cdiv(over, block_size))
-        needed = sum(counts)
-        if needed > len(manager._free):
-            self._refuse_growth(rows, slow, num_tokens, needed, manager.num_free_blocks)
-        fresh = manager._pool.take(needed)
+        if num_tokens > block_size:  # a row may need several blocks
+            return self._grow_slow(manager, ids, rows, slow, num_tokens, None)
+        # Each of them is past its capacity by at most block_size tokens: one new block apiece.
+        if len(slow) > len(manager._free):
+            self._refuse_growth(rows, slow, num_tokens, len(slow), manager.num_free_blocks)
         placed: Dict[int, Tuple[int, ...]] = {}
-        at = 0
-        for (seq_id, table), n in zip(slow, counts):
-            dealt = fresh[at : at + n]
-            at += n
-            table.block_ids += dealt
+        for (seq_id, table), block_id in zip(slow, manager._pool.take(len(slow))):
+            table.block_ids.append(block_id)
             table.num_tokens += num_tokens
-            limits[seq_id] = len(table.block_ids) * block_size
-            placed[seq_id] = tuple(dealt)
+            limits[seq_id] += block_size  # the limit was the capacity: it grows by the new block
+            placed[seq_id] = (block_id,)
         return placed
 
     @staticmethod
@@ -155,7 +149,7 @@ class DecodeBatch:
                 table.num_tokens -= num_tokens
         raise OutOfBlocksError(needed, free, f"grow {len(rows)} sequences by {num_tokens}")
 
-    def _check(self, manager: "BlockManager", ids: Tuple[Any, ...]) -> List[BlockTable]:
+    def _check(self, manager: "BlockManager", ids: Sequence[Any]) -> List[BlockTable]:
         """The live tables of ``ids``, checked (ints, distinct, resident), remembered for the next call."""
         tables = manager._tables
         if len(set(ids)) != len(ids) or set(map(type, ids)) - {int}:
@@ -165,11 +159,12 @@ class DecodeBatch:
         except KeyError:
             _refuse(manager, ids)
             raise  # not reached
-        self.ids, self.rows, self.epoch = ids, rows, manager._removals
+        self.ids, self.rows, self.epoch = list(ids) if type(ids) is list else tuple(ids), rows, manager._removals
+        self.small = [i for i, seq_id in enumerate(ids) if seq_id in (0, 1)]
         return rows
 
     @staticmethod
-    def _grow_slow(manager: "BlockManager", ids: Tuple[Any, ...], rows: List[BlockTable],
+    def _grow_slow(manager: "BlockManager", ids: Sequence[Any], rows: List[BlockTable],
                    slow: List[Tuple[int, BlockTable]], num_tokens: int,
                    tokens: Optional[List[Optional[List[int]]]]) -> Dict[int, Tuple[int, ...]]:
         """The general case: count the blocks the sequences past their fast-path limit need, shared tails
