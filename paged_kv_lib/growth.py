@@ -101,7 +101,7 @@ class DecodeBatch:
         # The memo is a copy of the last ids checked, of the same type (a list never equals a tuple). ``==``
         # would take False for 0 and True for 1, so the positions where the memo holds 0 or 1 are rechecked.
         if (ids == self.ids and type(ids) is type(self.ids) and self.epoch == manager._removals
-                and (not self.small or all(type(ids[i]) is int for i in self.small))):
+                and (not self.small or bool not in map(type, map(ids.__getitem__, self.small)))):
             rows = self.rows
         else:
             rows = self._check(manager, ids)
