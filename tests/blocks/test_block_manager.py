@@ -142,6 +142,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.lengths = {}  # resident seq_id -> tokens
         self.swapped = {}  # swapped-out seq_id -> tokens
         self.next_id = 0
+        self.last_batch = []
 
     @initialize(num_blocks=st.integers(1, 12), block_size=st.sampled_from([1, 2, 3, 4]),
                 num_cpu_blocks=st.integers(0, 6), caching=st.booleans())
@@ -172,28 +173,33 @@ class ManagerMachine(RuleBasedStateMachine):
         self.next_id += 1
 
     @precondition(lambda self: self.lengths)
-    @rule(data=st.data(), n=st.integers(0, 6))
-    def grow_one(self, data, n):
+    @rule(data=st.data(), n=st.integers(0, 6), with_ids=st.booleans())
+    def grow_one(self, data, n, with_ids):
         m = self.m
         seq_id = self._pick(data, self.lengths)
+        ids = data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)) if with_ids else None
         if m.blocks_to_append(seq_id, n) > m.num_free_blocks:
-            self._refused(lambda: m.append_tokens(seq_id, n), OutOfBlocksError)
+            self._refused(lambda: m.append_tokens(seq_id, n, token_ids=ids), OutOfBlocksError)
             return
         before = m.get_block_mapping(seq_id)
-        placed = m.append_tokens(seq_id, n)
+        placed = m.append_tokens(seq_id, n, token_ids=ids)
         self.lengths[seq_id] += n
         after = m.get_block_mapping(seq_id)
         assert set(placed) == set(after) - set(before), "it returns exactly the blocks it placed"
 
     @precondition(lambda self: self.lengths)
-    @rule(data=st.data(), n=st.integers(0, 3))
-    def grow_batch(self, data, n):
+    @rule(data=st.data(), n=st.integers(0, 3), with_ids=st.booleans(), again=st.booleans())
+    def grow_batch(self, data, n, with_ids, again):
         m = self.m
         ids = data.draw(st.lists(st.sampled_from(sorted(self.lengths)), min_size=1, unique=True))
+        if again and self.last_batch and set(self.last_batch) <= set(self.lengths):
+            ids = self.last_batch  # the same ids as last time: the batch's memo answers
+        tokens = [[1] * n for _ in ids] if with_ids else None
         if not m.can_append(ids, n):
-            self._refused(lambda: m.append_tokens_batch(ids, n), OutOfBlocksError)
+            self._refused(lambda: m.append_tokens_batch(ids, n, token_ids=tokens), OutOfBlocksError)
             return
-        placed = m.append_tokens_batch(ids, n)
+        placed = m.append_tokens_batch(ids, n, token_ids=tokens)
+        self.last_batch = list(ids)
         assert set(placed) <= set(ids)
         for seq_id in ids:
             self.lengths[seq_id] += n
@@ -281,3 +287,18 @@ class ManagerMachine(RuleBasedStateMachine):
 
 ManagerMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=25, deadline=None)
 TestManagerMachine = ManagerMachine.TestCase
+
+
+def test_the_batch_memo_follows_the_callers_list():
+    m = BlockManager(8, 4)
+    for s in (0, 1, 2):
+        m.allocate_for_sequence(s, 1)
+    ids = [0, 1]
+    m.append_tokens_batch(ids)
+    ids[1] = 2  # the caller edits its list in place: the memo is a copy, so it notices
+    m.append_tokens_batch(ids)
+    assert [m.get_num_tokens(s) for s in (0, 1, 2)] == [3, 2, 2]
+    m.free_sequence(2)
+    with pytest.raises(UnknownSequenceError, match="sequence 2"):
+        m.append_tokens_batch(ids)  # same list, but a table was dropped since
+    assert [m.get_num_tokens(s) for s in (0, 1)] == [3, 2]
