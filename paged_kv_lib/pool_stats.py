@@ -46,8 +46,8 @@ def pool_stats(manager: "BlockManager") -> AllocatorStats:
     ``logical_tokens`` counts every sequence's tokens."""
     fill: Dict[int, int] = {}
     logical = 0
-    tables = manager.sequence_block_tables
-    for table in tables.values():
+    tables = [manager.table(seq_id) for seq_id in manager.seq_ids]  # live tables, read only (no copies)
+    for table in tables:
         logical += table.num_tokens
         for block_id, here in zip(table.block_ids, tokens_in_blocks(table.num_tokens, len(table), manager.block_size)):
             if here > fill.get(block_id, 0):
