@@ -108,3 +108,10 @@ class BlockTableMachine(RuleBasedStateMachine):
 
 
 TestBlockTableMachine = BlockTableMachine.TestCase
+
+
+def test_the_table_is_plain_data():
+    """The block manager's fast-path limit is the manager's own: a table holds only its mapping and content."""
+    from dataclasses import fields
+
+    assert [f.name for f in fields(BlockTable)] == ["block_ids", "num_tokens", "token_ids", "block_keys", "extra_key"]

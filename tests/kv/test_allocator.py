@@ -325,3 +325,12 @@ def test_blocks_needed_refuses_bad_numbers():
         blocks_needed(3, 0)
     with pytest.raises(InvalidTypeError, match="bool"):
         blocks_needed(True, 4)
+
+
+def test_append_tokens_is_the_documented_method_of_every_instance():
+    alloc = make()
+    assert "append_tokens" not in vars(alloc), "no instance attribute shadows the class's method"
+    assert type(alloc).append_tokens.__doc__ and "Grow a sequence" in type(alloc).append_tokens.__doc__
+    alloc.allocate_for_sequence(0, 4)
+    assert alloc.append_tokens(0) == (1,) and alloc.append_tokens(0, 3) == ()
+    assert alloc.append_tokens(0, 1, token_ids=[5]) == (2,) and alloc.get_num_tokens(0) == 9
