@@ -17,8 +17,7 @@ so a call that raises leaves the allocator exactly as it was.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -27,40 +26,10 @@ from .block import Block
 from .block_manager import BlockManager, ExtraKey, TokenIds
 from .block_table import BlockTable
 from .errors import InvalidArgumentError, PositionError
-from .invariants import check_invariants
 from .kv_store import KVStore, Positions
+from .pool_stats import AllocatorStats
 
 __all__ = ["AllocatorStats", "PagedKVCacheAllocator", "Positions", "TokenIds"]
-
-
-@dataclass(frozen=True)
-class AllocatorStats:
-    """A snapshot of the pool: block counts, tokens stored, sharing and caching counters."""
-
-    total_blocks: int
-    free_blocks: int
-    used_blocks: int
-    num_sequences: int
-    tokens_stored: int
-    logical_tokens: int
-    utilization: float
-    cached_free_blocks: int = 0
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-    cow_copies: int = 0
-    swapped_sequences: int = 0
-    cpu_free_blocks: int = 0
-    cpu_total_blocks: int = 0
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        """Fraction of full prompt blocks looked up that were found cached."""
-        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
-
-    def as_dict(self) -> Dict[str, Any]:
-        out = asdict(self)
-        out["prefix_hit_rate"] = self.prefix_hit_rate
-        return out
 
 
 class PagedKVCacheAllocator:
@@ -106,8 +75,7 @@ class PagedKVCacheAllocator:
         self.dtype, self.device = store.dtype, store.device
         self.enable_prefix_caching = self.manager.enable_prefix_caching
         self.k_caches, self.v_caches = store.k_caches, store.v_caches
-        # The decode hot path: append_tokens goes straight to the manager, without a frame of ours.
-        self.append_tokens = self.manager.append_tokens  # type: ignore[method-assign]
+        self._grow = self.manager.append_tokens  # bound once: append_tokens is on every decode step's path
 
     # ------------------------------------------------------------------ views
     @property
@@ -123,22 +91,22 @@ class PagedKVCacheAllocator:
     @property
     def blocks(self) -> Tuple[Block, ...]:
         """Snapshots of every physical block (copies: editing them changes nothing)."""
-        return tuple(Block(b.block_id, b.ref_count, b.block_hash) for b in self.manager._blocks)
+        return self.manager.blocks
 
     @property
     def free_blocks(self) -> Tuple[int, ...]:
         """Free block ids from head (handed out next) to tail."""
-        return tuple(self.manager._free)
+        return self.manager.free_blocks
 
     @property
     def sequence_block_tables(self) -> Dict[int, BlockTable]:
         """Copies of every device-resident sequence's block table, by sequence id."""
-        return {seq_id: table.copy() for seq_id, table in self.manager._tables.items()}
+        return self.manager.sequence_block_tables
 
     @property
     def copy_log(self) -> Tuple[Tuple[int, int], ...]:
         """The copy-on-write copies made, ``(src, dst)`` block ids, oldest first (the last 4,096)."""
-        return tuple(self.manager._copy_log)
+        return self.manager.copy_log
 
     @property
     def num_free_blocks(self) -> int:
@@ -178,7 +146,7 @@ class PagedKVCacheAllocator:
     def __repr__(self) -> str:
         return (
             f"PagedKVCacheAllocator(free_blocks={self.num_free_blocks}/{self.num_blocks}, "
-            f"block_size={self.block_size}, sequences={len(self.manager._tables)})"
+            f"block_size={self.block_size}, sequences={len(self.manager.seq_ids)})"
         )
 
     # ------------------------------------------------------- the scheduler's questions
@@ -284,9 +252,10 @@ class PagedKVCacheAllocator:
         If the last block is shared, it is copied first (copy-on-write). Returns the ids
         of blocks newly placed in the table (an empty tuple on most decode steps).
         ``token_ids`` are the new tokens, so blocks that fill up become cacheable.
-        (Each instance binds this name to its manager's method: same code, one call less.)
         """
-        return self.manager.append_tokens(seq_id, num_tokens, token_ids=token_ids)
+        if token_ids is None:
+            return self._grow(seq_id, num_tokens)
+        return self._grow(seq_id, num_tokens, token_ids=token_ids)
 
     def append_tokens_batch(
         self, seq_ids: Iterable[int], num_tokens: int = 1, *, token_ids: Optional[Sequence[TokenIds]] = None
@@ -371,36 +340,8 @@ class PagedKVCacheAllocator:
     # ------------------------------------------------------------------ inspection
     def stats(self) -> AllocatorStats:
         """Block counts, tokens stored (distinct filled slots), utilization and sharing counters."""
-        manager = self.manager
-        fill: Dict[int, int] = {}
-        logical = 0
-        for table in manager._tables.values():
-            logical += table.num_tokens
-            remaining = table.num_tokens
-            for block_id in table.block_ids:
-                here = min(remaining, self.block_size)
-                if here > fill.get(block_id, 0):
-                    fill[block_id] = here
-                remaining -= here
-        stored = sum(fill.values())
-        used = manager.num_used_blocks
-        return AllocatorStats(
-            total_blocks=self.num_blocks,
-            free_blocks=manager.num_free_blocks,
-            used_blocks=used,
-            num_sequences=len(manager._tables),
-            tokens_stored=stored,
-            logical_tokens=logical,
-            utilization=stored / (used * self.block_size) if used else 0.0,
-            cached_free_blocks=manager.num_cached_free_blocks,
-            prefix_queries=manager._prefix.queries,
-            prefix_hits=manager._prefix.hits,
-            cow_copies=manager.num_copies,
-            swapped_sequences=len(manager._swapped),
-            cpu_free_blocks=manager.num_free_cpu_blocks,
-            cpu_total_blocks=self.num_cpu_blocks,
-        )
+        return self.manager.stats()
 
     def check_invariants(self) -> None:
         """Raise :class:`InvariantError` if the bookkeeping is inconsistent (it never should be)."""
-        check_invariants(self.manager)
+        self.manager.check_invariants()

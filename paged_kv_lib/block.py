@@ -17,7 +17,7 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)`` (0 tokens need 0 blocks)."""
     num_tokens = as_count(num_tokens, "num_tokens")
     block_size = as_count(block_size, "block_size", minimum=1)
-    return -(-num_tokens // block_size)
+    return cdiv(num_tokens, block_size)
 
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from .errors import InvalidArgumentError, InvalidTypeError
+
 
 @dataclass(slots=True)
 class BlockTable:
@@ -17,7 +19,6 @@ class BlockTable:
 
     For prefix caching the table also remembers the sequence's token ids (``None`` when
     they are unknown), the chained keys of its full blocks, and its extra key (salt).
-    Copies compare equal to the original (``append_limit`` is not compared).
     """
 
     block_ids: List[int] = field(default_factory=list)
@@ -25,13 +26,25 @@ class BlockTable:
     token_ids: Optional[List[int]] = None
     block_keys: List[bytes] = field(default_factory=list)
     extra_key: Optional[bytes] = None
-    # The length up to which the allocator may append on its unchecked fast path: the
-    # capacity when the last block is unshared, else the current length (derived state,
-    # kept by the allocator; a copy starts at 0 so its first append takes the checked path).
-    append_limit: int = field(default=0, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.block_ids)
+
+    def append_block(self, block_id: int) -> None:
+        """Map the next logical block to physical block ``block_id`` (the seed's method).
+
+        The id must be a plain int >= 0 that the table does not hold yet; a bad id raises
+        (:class:`InvalidTypeError` or :class:`InvalidArgumentError`) and the table is unchanged.
+        """
+        if type(block_id) is not int:
+            raise InvalidTypeError(f"block_id must be an int, got {type(block_id).__name__} {block_id!r}")
+        if block_id < 0:
+            raise InvalidArgumentError(f"block_id must be >= 0, got {block_id}")
+        if block_id in self.block_ids:
+            raise InvalidArgumentError(
+                f"block {block_id} is already logical block {self.block_ids.index(block_id)} of this table"
+            )
+        self.block_ids.append(block_id)
 
     def copy(self) -> "BlockTable":
         """An independent copy (callers get copies, never the allocator's own table)."""

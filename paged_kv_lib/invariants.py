@@ -7,20 +7,23 @@
   block with a hash is full in every table that holds it;
 * every table holds ``ceil(tokens / block_size)`` blocks, or one more (an empty reserve
   when the last is full), and its token ids and keys match its token count;
-* a table's fast-path limit never lets ``append_tokens`` skip a check it needs;
 * the CPU pool: each CPU block free or held by one swapped table, never both; no sequence
   is both resident and swapped out.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .block import cdiv
-from .block_manager import BlockManager
 from .block_table import BlockTable
 from .errors import InvariantError
 
+if TYPE_CHECKING:
+    from .block_manager import BlockManager
 
-def check_invariants(manager: BlockManager) -> None:
+
+def check_invariants(manager: "BlockManager") -> None:
     """Raise :class:`InvariantError` naming the first inconsistency found in ``manager``."""
     try:
         manager._free.check()
@@ -30,7 +33,7 @@ def check_invariants(manager: BlockManager) -> None:
     holders = [0] * manager.num_blocks
     full_in_all = [True] * manager.num_blocks
     for seq_id, table in manager._tables.items():
-        _check_table(manager, seq_id, table, resident=True)
+        _check_table(manager, seq_id, table)
         for i, block_id in enumerate(table.block_ids):
             holders[block_id] += 1
             if (i + 1) * block_size > table.num_tokens:
@@ -54,23 +57,20 @@ def check_invariants(manager: BlockManager) -> None:
             raise InvariantError(f"prefix cache maps a key to block {block_id}, which has another hash")
     if len(manager._free) + sum(1 for b in blocks if b.ref_count) != manager.num_blocks:
         raise InvariantError("free + used blocks != total")
-    cpu_used = [b for t in manager._swapped.values() for b in t.block_ids]
-    if len(set(cpu_used)) != len(cpu_used) or set(cpu_used) & set(manager._cpu_free):
+    swap = manager._swap
+    cpu_used = [b for t in swap.tables.values() for b in t.block_ids]
+    if len(set(cpu_used)) != len(cpu_used) or set(cpu_used) & set(swap.free):
         raise InvariantError("a CPU block is held twice, or held and free")
-    if len(cpu_used) + len(manager._cpu_free) != manager.num_cpu_blocks:
+    if len(cpu_used) + len(swap.free) != manager.num_cpu_blocks:
         raise InvariantError("CPU free + used blocks != total")
-    for seq_id, table in manager._swapped.items():
-        _check_table(manager, seq_id, table, resident=False)
-    if set(manager._tables) & set(manager._swapped):
+    for seq_id, table in swap.tables.items():
+        _check_table(manager, seq_id, table)
+    if set(manager._tables) & set(swap.tables):
         raise InvariantError("a sequence is both resident and swapped out")
 
 
-def _check_table(manager: BlockManager, seq_id: int, table: BlockTable, *, resident: bool) -> None:
+def _check_table(manager: "BlockManager", seq_id: int, table: BlockTable) -> None:
     ids, block_size = table.block_ids, manager.block_size
-    unshared = resident and ids and manager._blocks[ids[-1]].ref_count == 1
-    limit = len(ids) * block_size if unshared and table.token_ids is None else table.num_tokens
-    if table.append_limit > limit:
-        raise InvariantError(f"sequence {seq_id} may grow to {table.append_limit} tokens unchecked, but only {limit} is safe")
     least = cdiv(table.num_tokens, block_size)
     if not least <= len(ids) <= least + 1:
         raise InvariantError(f"sequence {seq_id} has {table.num_tokens} tokens in {len(ids)} blocks")

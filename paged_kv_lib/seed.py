@@ -15,6 +15,7 @@ ids and a dict of tables::
     alloc.get_block_mapping(seq_id) -> list[int]                 # a copy of the block ids
     alloc.blocks, alloc.free_blocks, alloc.sequence_block_tables, alloc.num_free_blocks
     SeedAllocator.from_allocator(library_allocator)              # same tables, ref counts, free queue
+                                                                 # (a PagedKVCacheAllocator or a BlockManager)
 
 The seed's bugs, and what this module does about each:
 
@@ -48,6 +49,7 @@ from .errors import DuplicateSequenceError, OutOfBlocksError, UnknownSequenceErr
 
 if TYPE_CHECKING:
     from .allocator import PagedKVCacheAllocator
+    from .block_manager import BlockManager
 
 __all__ = ["SeedAllocator", "SeedBlock", "SeedBlockTable", "needs_new_block", "seed_growth_rule"]
 
@@ -115,8 +117,9 @@ class SeedAllocator:
         self.sequence_block_tables: Dict[int, SeedBlockTable] = {}
 
     @classmethod
-    def from_allocator(cls, allocator: "PagedKVCacheAllocator") -> "SeedAllocator":
-        """A bookkeeping-only pool holding a library allocator's free queue, ref counts and tables."""
+    def from_allocator(cls, allocator: "Union[PagedKVCacheAllocator, BlockManager]") -> "SeedAllocator":
+        """A bookkeeping-only pool holding a library allocator's (or block manager's) free queue, ref counts
+        and tables."""
         pool = cls(allocator.num_blocks, allocator.block_size)
         pool.free_blocks = deque(allocator.free_blocks)
         for block in allocator.blocks:

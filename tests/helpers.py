@@ -1,47 +1,42 @@
-"""Helpers shared by the allocator tests: a full snapshot of allocator state, to prove failures change nothing."""
+"""Helpers shared by the bookkeeping tests: a full snapshot of allocator state, to prove failures change nothing."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict
+from typing import Any, Dict, Union
 
 import torch
 
 from paged_kv_lib import PagedKVCacheAllocator
+from paged_kv_lib.block_manager import BlockManager
 
 
-def _table_state(table) -> tuple:
-    """Every field of a block table, the derived fast-path limit included."""
-    tokens = None if table.token_ids is None else list(table.token_ids)
-    return (list(table.block_ids), table.num_tokens, tokens, list(table.block_keys), table.extra_key,
-            table.append_limit)
-
-
-def snapshot(alloc: PagedKVCacheAllocator) -> Dict[str, Any]:
-    """Everything observable about an allocator, and the private state behind it, tensors cloned.
+def snapshot(alloc: Union[PagedKVCacheAllocator, BlockManager]) -> Dict[str, Any]:
+    """Everything observable about an allocator or a block manager, through public names, tensors cloned.
 
     Resident and swapped tables (block ids, token count, token ids, content keys, salt),
     ref counts and hashes, the free queue's order, the prefix cache's map and counters,
-    the CPU pool, the copy log and every device and CPU cache tensor.
+    the CPU pool, the copy log and, for an allocator, every device and CPU cache tensor.
     """
-    manager = alloc.manager
+    manager = alloc.manager if isinstance(alloc, PagedKVCacheAllocator) else alloc
     state: Dict[str, Any] = {
-        "free": alloc.free_blocks,
-        "blocks": [(b.block_id, b.ref_count, b.block_hash) for b in alloc.blocks],
-        "tables": {s: _table_state(t) for s, t in manager._tables.items()},
-        "public_tables": alloc.sequence_block_tables,
-        "swapped": {s: _table_state(t) for s, t in manager._swapped.items()},
-        "cpu_free": list(manager._cpu_free),
-        "prefix": dict(manager._prefix.items()),
-        "prefix_counters": (manager._prefix.queries, manager._prefix.hits),
-        "copy_log": alloc.copy_log,
-        "stats": alloc.stats(),
+        "free": manager.free_blocks,
+        "blocks": [(b.block_id, b.ref_count, b.block_hash) for b in manager.blocks],
+        "tables": manager.sequence_block_tables,
+        "swapped": manager.swapped_block_tables,
+        "cpu_free": manager.free_cpu_blocks,
+        "prefix": manager.cached_blocks,
+        "prefix_counters": manager.prefix_counters,
+        "copy_log": manager.copy_log,
+        "stats": manager.stats(),
     }
-    if alloc.k_caches:
-        state["k"] = [c.clone() for c in alloc.k_caches]
-        state["v"] = [c.clone() for c in alloc.v_caches]
-    if alloc.store.cpu_kv is not None:
-        state["cpu_kv"] = [alloc.store.cpu_kv.clone()]
+    if isinstance(alloc, PagedKVCacheAllocator):
+        state["public_tables"] = alloc.sequence_block_tables
+        if alloc.k_caches:
+            state["k"] = [c.clone() for c in alloc.k_caches]
+            state["v"] = [c.clone() for c in alloc.v_caches]
+        if alloc.store.cpu_kv is not None:
+            state["cpu_kv"] = [alloc.store.cpu_kv.clone()]
     return state
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, Dict, List
 
+from paged_kv_lib.block import cdiv
+
 
 class ReferenceAllocator:
     """Blocks from the head of a deque, ref counts, tail-first frees, fork, copy-on-write growth."""
@@ -36,7 +38,7 @@ class ReferenceAllocator:
             raise ValueError(f"sequence {seq_id} is already allocated")
         if num_prompt_tokens < 0:
             raise ValueError(f"num_prompt_tokens must be >= 0, got {num_prompt_tokens}")
-        needed = -(-num_prompt_tokens // self.block_size)
+        needed = cdiv(num_prompt_tokens, self.block_size)
         if needed > len(self.free_queue):
             raise RuntimeError(f"need {needed} blocks, only {len(self.free_queue)} free")
         self.tables[seq_id] = self._take(needed)
@@ -45,7 +47,7 @@ class ReferenceAllocator:
     def blocks_to_grow(self, seq_id: int, num_tokens: int) -> int:
         """Blocks ``append_tokens(seq_id, num_tokens)`` takes from the free queue (a copy included)."""
         table, old = self.tables[seq_id], self.num_tokens[seq_id]
-        needed = max(0, -(-(old + num_tokens) // self.block_size) - len(table))
+        needed = max(0, cdiv(old + num_tokens, self.block_size) - len(table))
         copy = num_tokens > 0 and old < len(table) * self.block_size and self.ref_counts[table[-1]] > 1
         return needed + copy
 

@@ -13,9 +13,9 @@ from paged_kv_lib import (
     InvalidArgumentError,
     InvalidTypeError,
     OutOfBlocksError,
-    PagedKVCacheAllocator,
     UnknownSequenceError,
 )
+from paged_kv_lib.block_manager import BlockManager
 from paged_kv_lib.seed import SeedAllocator, SeedBlock, SeedBlockTable, needs_new_block, seed_growth_rule
 
 
@@ -105,7 +105,7 @@ def test_append_when_out_of_blocks_changes_nothing():
 
 
 def test_from_allocator_copies_the_library_state():
-    lib = PagedKVCacheAllocator(8, 4, 1, 1, allocate_cache=False)
+    lib = BlockManager(8, 4)
     lib.allocate_for_sequence(0, 9)
     lib.allocate_for_sequence(1, 4)
     lib.fork(1, 2)
@@ -147,7 +147,7 @@ def test_the_seed_growth_rule_reserves_one_token_early():
 
 @given(st.integers(0, 40), st.integers(1, 8))
 def test_needs_new_block_is_the_library_rule(length, block_size):
-    lib = PagedKVCacheAllocator(64, block_size, 1, 1, allocate_cache=False)
+    lib = BlockManager(64, block_size)
     lib.allocate_for_sequence(0, length)
     assert needs_new_block(length, block_size) == bool(lib.append_tokens(0))
 
@@ -156,7 +156,7 @@ def test_needs_new_block_is_the_library_rule(length, block_size):
                           st.integers(0, 12)), max_size=30))
 def test_seed_and_library_agree_on_counts(ops):
     """Same successes and failures, free counts, table lengths and ref counts (ids differ: free order)."""
-    seed, lib = SeedAllocator(10, 4), PagedKVCacheAllocator(10, 4, 1, 1, allocate_cache=False)
+    seed, lib = SeedAllocator(10, 4), BlockManager(10, 4)
     for kind, seq_id, n in ops:
         outcomes = []
         for pool in (seed, lib):

@@ -123,15 +123,15 @@ def test_bookkeeping_only_allocator_refuses_kv_with_a_typed_error():
 
 
 # ------------------------------------------------------------------ the snapshot sees everything
+# Each change touches one kind of state, through public names only: the live table ``table()``
+# hands out (read-only by contract, written here on purpose) or one public call.
 SILENT_CHANGES = [
-    ("swapped table", lambda a: a.manager._swapped[2].block_ids.reverse()),
-    ("swapped tokens", lambda a: a.manager._swapped[2].token_ids.append(0)),
-    ("resident token ids", lambda a: a.manager._tables[1].token_ids.__setitem__(0, 99)),
-    ("resident keys", lambda a: a.manager._tables[1].block_keys.clear()),
-    ("fast-path limit", lambda a: setattr(a.manager._tables[1], "append_limit", 99)),
-    ("prefix map", lambda a: a.manager._prefix.insert(b"x" * 32, 5)),
-    ("prefix counters", lambda a: setattr(a.manager._prefix, "hits", a.manager._prefix.hits + 1)),
-    ("cpu pool", lambda a: a.manager._cpu_free.rotate(1)),
+    ("resident token ids", lambda a: a.manager.table(1).token_ids.__setitem__(0, 99)),
+    ("resident keys", lambda a: a.manager.table(1).block_keys.clear()),
+    ("resident token count", lambda a: setattr(a.manager.table(3), "num_tokens", 5)),
+    ("swapped sequence back", lambda a: a.swap_in(2)),
+    ("prefix counters", lambda a: a.allocate_for_sequence(9, 0, token_ids=[])),
+    ("free queue order", lambda a: a.append_tokens(1, 3)),
     ("cpu tensor", lambda a: a.store.cpu_kv.add_(1)),
     ("device tensor, layer 0", lambda a: a.k_cache.add_(1)),
 ]

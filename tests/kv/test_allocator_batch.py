@@ -18,6 +18,7 @@ from paged_kv_lib import (
     PagedKVError,
     SequenceStateError,
     UnknownSequenceError,
+    cdiv,
 )
 
 from helpers import assert_same_state, snapshot
@@ -138,7 +139,7 @@ def test_a_batch_copies_a_shared_tail_once_per_writer_but_the_last():
     watermark=st.sampled_from([0.0, 0.2]),
 )
 def test_appendable_tokens_is_the_most_can_append_allows(length, free_extra, up_to, shared, watermark):
-    alloc = make(-(-length // 4) * (2 if shared else 1) + free_extra + 1, 4)
+    alloc = make(cdiv(length, 4) * (2 if shared else 1) + free_extra + 1, 4)
     alloc.allocate_for_sequence(0, length)
     if shared:
         alloc.fork(0, 1)

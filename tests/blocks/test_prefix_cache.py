@@ -1,0 +1,70 @@
+"""PrefixCache and the content keys, directly."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from paged_kv_lib import InvalidTypeError, block_key, chain_keys
+from paged_kv_lib.prefix_cache import PrefixCache, as_extra_key, extend_chain
+
+
+def test_keys_chain_over_the_prefix_and_salt():
+    a = chain_keys([1, 2, 3, 4], 2)
+    b = chain_keys([9, 9, 3, 4], 2)
+    assert len(a) == len(b) == 2 and all(len(k) == 32 for k in a)
+    assert a[1] != b[1], "equal tokens after different prefixes get different keys"
+    assert a[0] == block_key(None, [1, 2]) and a[1] == block_key(a[0], [3, 4])
+    assert chain_keys([1, 2, 3, 4], 2, b"x") != a
+    assert chain_keys([1, 2, 3], 2) == a[:1], "a partial block has no key"
+
+
+@given(st.lists(st.integers(0, 5), max_size=30), st.integers(1, 5), st.lists(st.integers(1, 7), max_size=6))
+def test_extending_a_chain_equals_chaining_at_once(tokens, block_size, cuts):
+    keys: list = []
+    seen = []
+    for cut in cuts + [len(tokens)]:
+        seen = tokens[: max(len(seen), min(len(tokens), len(seen) + cut))]
+        extend_chain(keys, seen, block_size, None)
+    assert keys == chain_keys(tokens, block_size)
+
+
+def test_as_extra_key():
+    assert as_extra_key(None) is None and as_extra_key("é") == "é".encode() and as_extra_key(b"x") == b"x"
+    with pytest.raises(InvalidTypeError, match="bytes or str, got int"):
+        as_extra_key(3)
+
+
+def test_the_map_and_its_longest_prefix():
+    cache = PrefixCache()
+    keys = chain_keys(list(range(8)), 2)
+    assert len(cache) == 0 and cache.longest_prefix(keys) == []
+    cache.insert(keys[0], 5)
+    cache.insert(keys[1], 2)
+    cache.insert(keys[3], 7)  # not reachable: keys[2] is missing
+    assert len(cache) == 3 and keys[1] in cache and cache.get(keys[3]) == 7 and cache.get(keys[2]) is None
+    assert cache.longest_prefix(keys) == [5, 2]
+    cache.remove(keys[0])
+    assert cache.longest_prefix(keys) == [] and dict(cache.items()) == {keys[1]: 2, keys[3]: 7}
+    cache.clear()
+    assert len(cache) == 0 and (cache.queries, cache.hits) == (0, 0)
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), max_size=30))
+def test_longest_prefix_matches_a_model(ops):
+    keys = chain_keys(list(range(8)), 2)
+    cache, model = PrefixCache(), {}
+    for i, insert in ops:
+        if insert:
+            cache.insert(keys[i], i + 10)
+            model[keys[i]] = i + 10
+        elif keys[i] in model:
+            cache.remove(keys[i])
+            del model[keys[i]]
+    expected = []
+    for k in keys:
+        if k not in model:
+            break
+        expected.append(model[k])
+    assert cache.longest_prefix(keys) == expected and len(cache) == len(model)
