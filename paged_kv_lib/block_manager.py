@@ -13,11 +13,11 @@ calls ``on_copy(src, dst)``; ``swap_out``/``swap_in`` return the block ids whose
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_ids
+from . import block_rules as rules
+from ._validate import as_count, as_iterable, as_seq_id, as_token_ids
 from .block import Block, blocks_needed, cdiv
 from .block_table import BlockTable
 from .errors import BlocksInUseError, DuplicateSequenceError, InvalidArgumentError
@@ -113,12 +113,10 @@ class BlockManager:
         return blocks_needed(num_tokens, self.block_size)
 
     # ------------------------------------------------------ the scheduler's questions
+    # The arithmetic lives in block_rules (shared with the learner's adapter); these read the state.
     def watermark_blocks(self, watermark: float) -> int:
-        """Blocks an admission must leave free: ``ceil(watermark * num_blocks)``.
-
-        The one place the watermark rule lives; every ``can_*`` question below uses it.
-        """
-        return math.ceil(as_fraction(watermark, "watermark") * self.num_blocks)
+        """Blocks an admission must leave free: ``ceil(watermark * num_blocks)`` (typed errors for a bad watermark)."""
+        return rules.watermark_blocks(watermark, self.num_blocks)
 
     def can_allocate(self, num_tokens: int, *, token_ids: TokenIds = None, watermark: float = 0.0,
                      extra_key: ExtraKey = None) -> bool:
@@ -126,7 +124,7 @@ class BlockManager:
         num_tokens = as_count(num_tokens, "num_tokens")
         reserve = self.watermark_blocks(watermark)
         plan = self._plan_prompt(num_tokens, token_ids, extra_key)
-        return len(self._free) - plan.taken_from_free >= reserve
+        return rules.fits(len(self._free), plan.taken_from_free, reserve)
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
         """Free blocks ``append_tokens(seq_id, num_tokens)`` would take now: new blocks, plus one to copy
@@ -157,8 +155,8 @@ class BlockManager:
             if copy:
                 tail = table.block_ids[-1]
                 growers[tail] = growers.get(tail, 0) + 1
-        needed += sum(min(k, self._blocks[tail].ref_count - 1) for tail, k in growers.items())
-        return len(self._free) - needed >= reserve
+        needed += rules.shared_tail_copies((k, self._blocks[tail].ref_count) for tail, k in growers.items())
+        return rules.fits(len(self._free), needed, reserve)
 
     def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
         """The most tokens, at most ``up_to``, the sequence can grow by now and leave the watermark free.
@@ -171,11 +169,7 @@ class BlockManager:
         up_to = as_count(up_to, "up_to")
         spare = len(self._free) - self.watermark_blocks(watermark)
         _, copy = self._append_cost(table, up_to)
-        spare -= copy
-        if spare < 0:
-            return 0
-        capacity = (len(table.block_ids) + spare) * self.block_size - table.num_tokens
-        return max(0, min(up_to, capacity))
+        return rules.appendable_tokens(table.num_tokens, len(table.block_ids), self.block_size, spare, copy, up_to)
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], *, extra_key: ExtraKey = None) -> int:
         """How many leading tokens of a prompt the prefix cache holds now (whole blocks); changes nothing."""
@@ -187,7 +181,46 @@ class BlockManager:
     def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
         """Whether a swapped-out sequence fits back now (one device block per CPU block it holds)."""
         reserve = self.watermark_blocks(watermark)
-        return len(self._free) - len(self._swapped_table(seq_id).block_ids) >= reserve
+        return rules.fits(len(self._free), len(self._swapped_table(seq_id).block_ids), reserve)
+
+    def can_swap_out(self, seq_ids: Iterable[int]) -> bool:
+        """Whether the CPU pool has room for all these resident sequences at once (a private CPU block for
+        every block each holds, shared ones too). Unknown, swapped-out or repeated ids raise."""
+        ids = list(as_iterable(seq_ids, "seq_ids"))
+        tables = [self.table(seq_id) for seq_id in ids]
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError(f"can_swap_out got a sequence twice: {ids}")
+        return rules.fits(len(self._cpu_free), rules.swap_out_blocks(len(t.block_ids) for t in tables))
+
+    def can_allocate_many(self, num_tokens: Sequence[int], *, token_ids: Optional[Sequence[TokenIds]] = None,
+                          watermark: float = 0.0, extra_key: ExtraKey = None) -> bool:
+        """Whether several new sequences (``num_tokens[i]`` tokens each) fit now together, leaving the watermark.
+
+        Cache hits are counted per sequence against today's cache, a free cached block once however
+        many of them hit it; blocks one of them would find in another's fresh blocks are not counted
+        (the answer may say no where allocating one by one would fit, never yes where it would not).
+        """
+        lengths = [as_count(n, "num_tokens") for n in as_iterable(num_tokens, "num_tokens")]
+        tokens = [None] * len(lengths) if token_ids is None else list(as_iterable(token_ids, "token_ids"))
+        if len(tokens) != len(lengths):
+            raise InvalidArgumentError(f"got {len(tokens)} token_ids for {len(lengths)} sequences")
+        reserve = self.watermark_blocks(watermark)
+        new_blocks = 0
+        revived: set = set()  # free cached blocks some sequence hits: taken off the free queue once
+        for n, ids in zip(lengths, tokens):
+            plan = self._plan_prompt(n, ids, extra_key)
+            new_blocks += plan.new_blocks
+            revived.update(b for b in plan.hits if self._blocks[b].ref_count == 0)
+        return rules.fits(len(self._free), new_blocks + len(revived), reserve)
+
+    def blocks_to_hold(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> int:
+        """The most blocks ``num_seqs`` sequences of up to ``num_tokens`` tokens may hold (private copies), the
+        watermark added: the pool serves them only if this is at most ``num_blocks``."""
+        return rules.blocks_to_hold(num_tokens, num_seqs, self.block_size, self.num_blocks, watermark)
+
+    def can_ever_fit(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> bool:
+        """Whether ``num_seqs`` sequences of up to ``num_tokens`` tokens fit the empty pool, leaving the watermark."""
+        return rules.fits(self.num_blocks, self.blocks_to_hold(num_tokens, num_seqs=num_seqs, watermark=watermark))
 
     # ------------------------------------------------------------------ allocate
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None,
@@ -497,9 +530,8 @@ class BlockManager:
     def _append_cost(self, table: BlockTable, num_tokens: int) -> Tuple[int, bool]:
         """(new blocks, whether the shared last block is copied) to grow ``table`` by ``num_tokens``."""
         ids = table.block_ids
-        old_len = table.num_tokens
-        copy = num_tokens > 0 and old_len < len(ids) * self.block_size and self._blocks[ids[-1]].ref_count > 1
-        return max(0, cdiv(old_len + num_tokens, self.block_size) - len(ids)), copy
+        tail_holders = self._blocks[ids[-1]].ref_count if ids else 0
+        return rules.append_cost(table.num_tokens, len(ids), self.block_size, tail_holders, num_tokens)
 
     def _grow(self, seq_id: int, table: BlockTable, num_tokens: int, token_ids: TokenIds) -> Tuple[int, ...]:
         """The checked path of ``append_tokens``: copy-on-write, new blocks, new content keys."""
