@@ -246,11 +246,19 @@ def test_decode_scheduling_obeys_the_allocators_can_append(model, monkeypatch) -
         assert list(out.token_ids) == generate_no_cache(model, encode(prompt), 6)
 
 
-def test_fit_and_admission_use_the_allocators_watermark(model, monkeypatch) -> None:
+def test_whether_a_request_can_ever_fit_is_the_allocators_answer(model, monkeypatch) -> None:
     engine = make_engine(model, num_blocks=16, watermark=0.1)
-    monkeypatch.setattr(engine.allocator, "watermark_blocks", lambda w: 15)
-    with pytest.raises(RequestTooLargeError, match="watermark"):
-        engine.add_request(list(range(8)), 2)  # 3 blocks + 15 > 16, by the allocator's count
+    asked = []
+
+    def never(num_tokens, **kw):
+        asked.append((num_tokens, kw))
+        return False
+
+    monkeypatch.setattr(engine.allocator, "can_ever_fit", never)
+    monkeypatch.setattr(engine.allocator, "blocks_to_hold", lambda num_tokens, **kw: 99)
+    with pytest.raises(RequestTooLargeError, match="need 99 blocks") as err:
+        engine.add_request(list(range(8)), 2, n=2)  # fits by any count of ours: the allocator says no
+    assert asked == [(9, {"num_seqs": 2, "watermark": 0.1})] and err.value.needed == 99
     assert not engine.has_unfinished()
 
 

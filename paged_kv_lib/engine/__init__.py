@@ -28,7 +28,9 @@ released, so the engine stays usable; a model paged attention cannot serve is re
 when the engine is built.
 """
 
-from .loop import PREEMPTION_MODES, Engine, Prompt
+from .intake import Prompt
+from .loop import Engine
+from .scheduler import PREEMPTION_MODES, Scheduler
 from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status, TokenEvent
 from .requests import UnknownRequestError, UnsupportedModelError
 from .stats import EngineTotals, StepStats
@@ -41,6 +43,7 @@ __all__ = [
     "Request",
     "RequestOutput",
     "RequestTooLargeError",
+    "Scheduler",
     "Sample",
     "Status",
     "StepStats",
