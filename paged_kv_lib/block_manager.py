@@ -190,7 +190,7 @@ class BlockManager:
         tables = [self.table(seq_id) for seq_id in ids]
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError(f"can_swap_out got a sequence twice: {ids}")
-        return rules.fits(len(self._cpu_free), rules.swap_out_blocks(len(t.block_ids) for t in tables))
+        return rules.fits(self.num_free_cpu_blocks, rules.swap_out_blocks(len(t.block_ids) for t in tables))
 
     def can_allocate_many(self, num_tokens: Sequence[int], *, token_ids: Optional[Sequence[TokenIds]] = None,
                           watermark: float = 0.0, extra_key: ExtraKey = None) -> bool:
@@ -211,7 +211,7 @@ class BlockManager:
             plan = self._plan_prompt(n, ids, extra_key)
             new_blocks += plan.new_blocks
             revived.update(b for b in plan.hits if self._blocks[b].ref_count == 0)
-        return rules.fits(len(self._free), new_blocks + len(revived), reserve)
+        return rules.fits(self.num_free_blocks, new_blocks + len(revived), reserve)
 
     def blocks_to_hold(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> int:
         """The most blocks ``num_seqs`` sequences of up to ``num_tokens`` tokens may hold (private copies), the
