@@ -77,10 +77,7 @@ class Engine:
             )
         if not isinstance(preemption_mode, str) or preemption_mode not in PREEMPTION_MODES:
             raise InvalidArgumentError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
-        self.max_num_batched_tokens = (
-            sys.maxsize if max_num_batched_tokens is None
-            else as_count(max_num_batched_tokens, "max_num_batched_tokens", minimum=1)
-        )
+        self._budget = _token_budget(max_num_batched_tokens)
         self.model = model
         self.allocator = allocator
         self.scheduler = Scheduler(allocator, max_batch_size=max_batch_size, watermark=float(watermark),
@@ -104,6 +101,15 @@ class Engine:
     @property
     def preemption_mode(self) -> str:
         return self.scheduler.preemption_mode
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """Most tokens one step computes (``sys.maxsize``: no limit); may be changed between steps."""
+        return self._budget
+
+    @max_num_batched_tokens.setter
+    def max_num_batched_tokens(self, value: Optional[int]) -> None:
+        self._budget = _token_budget(value)
 
     @property
     def queue(self) -> Deque[Request]:
@@ -383,3 +389,7 @@ class Engine:
                 stats = self.step()
                 bar.update(stats.generated_tokens)
 
+
+def _token_budget(value: Optional[int]) -> int:
+    """A step's token budget: a positive int, or ``None`` for no limit (typed errors otherwise)."""
+    return sys.maxsize if value is None else as_count(value, "max_num_batched_tokens", minimum=1)

@@ -146,3 +146,16 @@ def test_parts_that_are_not_a_model_or_an_engine_allocator_are_refused(model) ->
     with pytest.raises(InvalidArgumentError, match="does not fit this model") as info:
         Engine(other, alloc)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("bad, error", [(0, InvalidArgumentError), (-4, InvalidArgumentError),
+                                        (2.5, InvalidTypeError), ("8", InvalidTypeError), (False, InvalidTypeError)])
+def test_a_bad_budget_set_between_steps_is_refused_and_the_old_one_kept(model, bad, error) -> None:
+    engine = busy(model)
+    engine.max_num_batched_tokens = 7
+    before = state(engine)
+    with pytest.raises(error, match="max_num_batched_tokens"):
+        engine.max_num_batched_tokens = bad
+    assert_unchanged(engine, before)
+    engine.max_num_batched_tokens = None  # back to no limit
+    assert engine.max_num_batched_tokens > 10**9
