@@ -327,7 +327,7 @@ class Engine:
         ]
         return [self._queue(p) for p in prepared]
 
-    def generate(self, prompts: Iterable[Prompt], max_new_tokens: int, **options) -> List[RequestOutput]:
+    def generate(self, prompts: Iterable[Prompt], max_new_tokens: int, **options: Any) -> List[RequestOutput]:
         """Add every prompt with the same options, run until they finish, return their outputs in order.
 
         All prompts are checked before any is queued, so a refused one leaves the engine
@@ -344,7 +344,7 @@ class Engine:
             raise
         return [self._finished.pop(i) for i in ids]
 
-    def stream(self, prompts: Iterable[Prompt], max_new_tokens: int, **options) -> Iterator[TokenEvent]:
+    def stream(self, prompts: Iterable[Prompt], max_new_tokens: int, **options: Any) -> Iterator[TokenEvent]:
         """Add every prompt (as :meth:`generate` does) and yield each new token the moment it is sampled.
 
         Yields :class:`TokenEvent` ``(request_id, sample_index, token_id)``, in the order the
