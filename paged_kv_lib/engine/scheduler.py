@@ -81,11 +81,13 @@ class Scheduler:
 
     def retire_finished(self) -> List[Request]:
         """Take the requests whose samples have all finished off the running list; returns them, oldest first."""
-        done = [r for r in self.running if not r.live_samples()]
-        if done:
-            self.running = [r for r in self.running if r.live_samples()]
-            for request in done:
-                request.status = Status.FINISHED
+        still: List[Request] = []
+        done: List[Request] = []
+        for request in self.running:
+            (still if request.live_samples() else done).append(request)
+        for request in done:
+            request.status = Status.FINISHED
+        self.running = still
         return done
 
     # ------------------------------------------------------------ decodes and chunks
