@@ -30,7 +30,8 @@ from .. import block_rules as rules
 from .._validate import as_count, as_iterable, as_seq_id
 from ..block import blocks_needed
 from ..bookkeeping import TokenIds, padded_block_tables
-from ..errors import InvalidArgumentError, OutOfBlocksError, SequenceStateError, UnknownSequenceError
+from ..errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, SequenceStateError
+from ..errors import UnknownSequenceError
 from ..kv_store import KVStore, Positions
 from ..model import TinyTransformer
 from . import contract
@@ -316,6 +317,8 @@ class LearnerBackedAllocator:
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         parent = self._resident(parent_seq_id)
         child_seq_id = as_seq_id(child_seq_id)
+        if child_seq_id in self:  # the learner's object no longer knows a swapped-out id: the adapter does
+            raise DuplicateSequenceError(f"sequence {child_seq_id} is already allocated")
         call = f"fork({parent_seq_id}, {child_seq_id})"
         self.inner.fork(parent_seq_id, child_seq_id)
         child = self._read(child_seq_id, self._lengths[parent_seq_id], call)
