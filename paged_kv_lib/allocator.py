@@ -197,6 +197,25 @@ class PagedKVCacheAllocator:
         """Whether a swapped-out sequence fits back on the device now, leaving the watermark free."""
         return self.manager.can_swap_in(seq_id, watermark=watermark)
 
+    def can_swap_out(self, seq_ids: Iterable[int]) -> bool:
+        """Whether the CPU pool has room for all these resident sequences at once (a private copy of every block)."""
+        return self.manager.can_swap_out(seq_ids)
+
+    def can_allocate_many(
+        self, num_tokens: Sequence[int], *, token_ids: Optional[Sequence[TokenIds]] = None, watermark: float = 0.0,
+        extra_key: ExtraKey = None,
+    ) -> bool:
+        """Whether several new sequences (``num_tokens[i]`` tokens each) fit now together, leaving the watermark."""
+        return self.manager.can_allocate_many(num_tokens, token_ids=token_ids, watermark=watermark, extra_key=extra_key)
+
+    def blocks_to_hold(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> int:
+        """The most blocks ``num_seqs`` sequences of up to ``num_tokens`` tokens may hold, the watermark added."""
+        return self.manager.blocks_to_hold(num_tokens, num_seqs=num_seqs, watermark=watermark)
+
+    def can_ever_fit(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> bool:
+        """Whether ``num_seqs`` sequences of up to ``num_tokens`` tokens fit the empty pool, leaving the watermark."""
+        return self.manager.can_ever_fit(num_tokens, num_seqs=num_seqs, watermark=watermark)
+
     # ------------------------------------------------------------------ blocks
     def allocate_for_sequence(
         self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None, extra_key: ExtraKey = None

@@ -14,14 +14,14 @@ calls ``on_copy(src, dst)``; ``swap_out``/``swap_in`` return the block ids whose
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_ids
-from .block import Block, blocks_needed, cdiv
+from ._validate import as_count, as_seq_id, as_token_ids
+from .block import Block
 from .block_pool import BlockPool
+from .block_questions import BlockQuestions
 from .block_table import BlockTable
-from .errors import BlocksInUseError, DuplicateSequenceError, InvalidArgumentError
+from .errors import BlocksInUseError, DuplicateSequenceError
 from .errors import OutOfBlocksError, SequenceStateError, UnknownSequenceError
 from .growth import DecodeBatch, add_blocks, copy_shared, grow_checked
 from .invariants import check_invariants
@@ -33,7 +33,7 @@ TokenIds = Optional[Sequence[int]]
 ExtraKey = Optional[Union[bytes, str]]
 
 
-class BlockManager:
+class BlockManager(BlockQuestions):
     """Hands out a pool of fixed-size blocks to growing, forking, swapping sequences.
 
     Args:
@@ -151,88 +151,6 @@ class BlockManager:
         """How many tokens the sequence holds (swapped out or not)."""
         table = self._swap.get(as_seq_id(seq_id))
         return self.table(seq_id).num_tokens if table is None else table.num_tokens
-
-    def blocks_needed(self, num_tokens: int) -> int:
-        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
-        return blocks_needed(num_tokens, self.block_size)
-
-    # ------------------------------------------------------ the scheduler's questions
-    def watermark_blocks(self, watermark: float) -> int:
-        """Blocks an admission must leave free: ``ceil(watermark * num_blocks)``.
-
-        The one place the watermark rule lives; every ``can_*`` question below uses it.
-        """
-        return math.ceil(as_fraction(watermark, "watermark") * self.num_blocks)
-
-    def can_allocate(self, num_tokens: int, *, token_ids: TokenIds = None, watermark: float = 0.0,
-                     extra_key: ExtraKey = None) -> bool:
-        """Whether a new sequence of ``num_tokens`` tokens fits now, cache hits counted, leaving the watermark."""
-        num_tokens = as_count(num_tokens, "num_tokens")
-        reserve = self.watermark_blocks(watermark)
-        plan = self._plan_prompt(num_tokens, token_ids, extra_key)
-        return len(self._free) - plan.taken_from_free >= reserve
-
-    def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
-        """Free blocks ``append_tokens(seq_id, num_tokens)`` would take now: new blocks, plus one to copy
-        a shared, non-full last block. For this sequence alone (:meth:`can_append` counts shared tails once).
-        """
-        table = self.table(seq_id)
-        new_blocks, copy = self._append_cost(table, as_count(num_tokens, "num_tokens"))
-        return new_blocks + copy
-
-    def can_append(self, seq_ids: Iterable[int], num_tokens: int = 1, *, watermark: float = 0.0) -> bool:
-        """Whether every listed sequence can grow by ``num_tokens`` in the same step, leaving the watermark.
-
-        A tail held by ``r`` tables and grown by ``k`` of them is copied ``min(k, r - 1)``
-        times: the last holder writes in place. An id listed twice is refused.
-        """
-        num_tokens = as_count(num_tokens, "num_tokens")
-        reserve = self.watermark_blocks(watermark)
-        needed = 0
-        growers: Dict[int, int] = {}  # shared, non-full tail block -> how many listed sequences grow it
-        seen = set()
-        for seq_id in as_iterable(seq_ids, "seq_ids"):
-            table = self.table(seq_id)
-            if seq_id in seen:
-                raise InvalidArgumentError(f"sequence {seq_id} is listed twice in can_append")
-            seen.add(seq_id)
-            new_blocks, copy = self._append_cost(table, num_tokens)
-            needed += new_blocks
-            if copy:
-                tail = table.block_ids[-1]
-                growers[tail] = growers.get(tail, 0) + 1
-        needed += sum(min(k, self._blocks[tail].ref_count - 1) for tail, k in growers.items())
-        return len(self._free) - needed >= reserve
-
-    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
-        """The most tokens, at most ``up_to``, the sequence can grow by now and leave the watermark free.
-
-        The chunked-prefill question: how much of a prompt's next chunk fits this step. It counts
-        what :meth:`append_tokens` would take: room left in the last block, whole new blocks, and a
-        copy of a shared, non-full last block.
-        """
-        table = self.table(seq_id)
-        up_to = as_count(up_to, "up_to")
-        spare = len(self._free) - self.watermark_blocks(watermark)
-        _, copy = self._append_cost(table, up_to)
-        spare -= copy
-        if spare < 0:
-            return 0
-        capacity = (len(table.block_ids) + spare) * self.block_size - table.num_tokens
-        return max(0, min(up_to, capacity))
-
-    def cached_prefix_tokens(self, token_ids: Sequence[int], *, extra_key: ExtraKey = None) -> int:
-        """How many leading tokens of a prompt the prefix cache holds now (whole blocks); changes nothing."""
-        tokens = as_token_ids(token_ids, len(token_ids)) if hasattr(token_ids, "__len__") else None
-        if tokens is None:
-            raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
-        return len(self._plan_prompt(len(tokens), tokens, extra_key).hits) * self.block_size
-
-    def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
-        """Whether a swapped-out sequence fits back now (one device block per CPU block it holds)."""
-        reserve = self.watermark_blocks(watermark)
-        return len(self._free) - len(self._swapped_table(seq_id).block_ids) >= reserve
-
 
     # ------------------------------------------------------------------ allocate
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None,
@@ -425,13 +343,6 @@ class BlockManager:
             return None
         tokens = as_token_ids(token_ids, expected)
         return tokens if self.enable_prefix_caching else None
-
-    def _append_cost(self, table: BlockTable, num_tokens: int) -> Tuple[int, bool]:
-        """(new blocks, whether the shared last block is copied) to grow ``table`` by ``num_tokens``."""
-        ids = table.block_ids
-        old_len = table.num_tokens
-        copy = num_tokens > 0 and old_len < len(ids) * self.block_size and self._blocks[ids[-1]].ref_count > 1
-        return max(0, cdiv(old_len + num_tokens, self.block_size) - len(ids)), copy
 
 
     def _refresh_limit(self, seq_id: int, table: BlockTable) -> None:

@@ -13,8 +13,9 @@ The contract a learner's class meets (pinned in the exercises' text too)::
 
 - :func:`check_allocator` compares such a class with :class:`PagedKVCacheAllocator`
   under random call sequences (hypothesis) and reports the shortest difference as code;
-- :func:`engine_for` builds an :class:`~paged_kv_lib.engine.Engine` whose block
-  bookkeeping is the learner's object;
+- :func:`engine_for` (``serve.py``) builds an :class:`~paged_kv_lib.engine.Engine` whose block
+  bookkeeping is the learner's object, behind :class:`LearnerBackedAllocator` (``adapter.py``,
+  its answers checked by ``contract.py``);
 - :func:`simulate_with_classes` runs the simulated workload with a learner's class as one of the
   allocators.
 """
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_allocator", "engine_for", "simulate_with_classes"]
+__all__ = ["AllocatorContractError", "LearnerBackedAllocator", "check_allocator", "engine_for", "simulate_with_classes"]
 
 _WHERE = {
+    "AllocatorContractError": ".contract",
+    "LearnerBackedAllocator": ".adapter",
     "check_allocator": ".differential",
-    "engine_for": ".engine",
+    "engine_for": ".serve",
     "simulate_with_classes": ".simulation",
 }
 

@@ -26,9 +26,18 @@ per-sample generator, so seeded results do not depend on the batch or on preempt
 A step that fails puts the running requests back in the queue with their blocks
 released, so the engine stays usable; a model paged attention cannot serve is refused
 when the engine is built.
+
+The allocator is any :class:`~paged_kv_lib.bookkeeping.EngineAllocator`: the engine asks it
+every question above (and ``can_ever_fit`` for a request that could never fit, ``can_swap_out``
+before a swap, ``can_allocate_many`` for samples re-admitted together) and reads nothing else.
+Modules: ``loop`` (:class:`Engine`, the requests and the step loop), ``scheduler`` (the queues
+and every scheduling decision), ``forward`` (one forward and its sampling), ``intake`` (the
+typed checks of what callers pass), ``requests``, ``stats``, ``cli``.
 """
 
-from .loop import PREEMPTION_MODES, Engine, Prompt
+from .intake import Prompt
+from .loop import Engine
+from .scheduler import PREEMPTION_MODES, Scheduler
 from .requests import Request, RequestOutput, RequestTooLargeError, Sample, Status, TokenEvent
 from .requests import UnknownRequestError, UnsupportedModelError
 from .stats import EngineTotals, StepStats
@@ -41,6 +50,7 @@ __all__ = [
     "Request",
     "RequestOutput",
     "RequestTooLargeError",
+    "Scheduler",
     "Sample",
     "Status",
     "StepStats",

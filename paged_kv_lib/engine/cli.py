@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List
+from typing import TYPE_CHECKING, List
 
 from ..errors import PagedKVError
 from ..memcheck import TooLargeError, ensure_fits
-from .loop import PREEMPTION_MODES, Engine
+from .loop import Engine
 from .requests import RequestOutput
+from .scheduler import PREEMPTION_MODES
+
+if TYPE_CHECKING:
+    from ..allocator import PagedKVCacheAllocator
 
 # Bytes per cached value (the tiny model's float32) and per block of bookkeeping besides the K/V.
 _VALUE_BYTES = 4
@@ -86,7 +90,7 @@ def run_generate(args: argparse.Namespace) -> int:
     outputs = engine.run(progress=not args.no_progress)
     print("\n".join(format_outputs(outputs, args.prompts)))
     print()
-    print("\n".join(format_stats(engine)))
+    print("\n".join(format_stats(engine, allocator)))
     return 0
 
 
@@ -109,9 +113,9 @@ def format_outputs(outputs: List[RequestOutput], prompts: List[str]) -> List[str
     return lines
 
 
-def format_stats(engine: Engine) -> List[str]:
+def format_stats(engine: Engine, a: PagedKVCacheAllocator) -> List[str]:
+    """The run's totals, and the allocator's counters (the library's allocator: the engine asks only the protocol)."""
     t = engine.totals
-    a = engine.allocator
     s = a.stats()
     return [
         f"steps {t.steps}, generated {t.generated_tokens} tokens in {t.elapsed_s:.2f} s "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from paged_kv_lib.conformance.engine import AllocatorContractError
+from paged_kv_lib.conformance import AllocatorContractError
 from paged_kv_lib.course.starters.after_05 import AllocatorAfter05
 from paged_kv_lib.course.starters.after_06 import AllocatorAfter06, content_key
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.

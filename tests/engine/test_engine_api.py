@@ -102,7 +102,7 @@ def test_admission_keeps_the_watermark_and_first_come_first_served(model) -> Non
     stats = engine.step()
     assert stats.running == 2 and stats.waiting == 2
     assert [r.request_id for r in engine.running] == [big, second]
-    assert [r.request_id for r in engine.waiting] == [third, small]
+    assert [r.request_id for r in engine.queue] == [third, small]
     outputs = engine.run(progress=False)
     assert [o.request_id for o in outputs] == [big, second, third, small]
     assert engine.allocator.num_free_blocks == 20
@@ -246,11 +246,19 @@ def test_decode_scheduling_obeys_the_allocators_can_append(model, monkeypatch) -
         assert list(out.token_ids) == generate_no_cache(model, encode(prompt), 6)
 
 
-def test_fit_and_admission_use_the_allocators_watermark(model, monkeypatch) -> None:
+def test_whether_a_request_can_ever_fit_is_the_allocators_answer(model, monkeypatch) -> None:
     engine = make_engine(model, num_blocks=16, watermark=0.1)
-    monkeypatch.setattr(engine.allocator, "watermark_blocks", lambda w: 15)
-    with pytest.raises(RequestTooLargeError, match="watermark"):
-        engine.add_request(list(range(8)), 2)  # 3 blocks + 15 > 16, by the allocator's count
+    asked = []
+
+    def never(num_tokens, **kw):
+        asked.append((num_tokens, kw))
+        return False
+
+    monkeypatch.setattr(engine.allocator, "can_ever_fit", never)
+    monkeypatch.setattr(engine.allocator, "blocks_to_hold", lambda num_tokens, **kw: 99)
+    with pytest.raises(RequestTooLargeError, match="need 99 blocks") as err:
+        engine.add_request(list(range(8)), 2, n=2)  # fits by any count of ours: the allocator says no
+    assert asked == [(9, {"num_seqs": 2, "watermark": 0.1})] and err.value.needed == 99
     assert not engine.has_unfinished()
 
 
@@ -262,11 +270,11 @@ def test_swapped_request_comes_back_when_the_allocator_says_it_fits(model, monke
     engine.add_request("fork", 3, n=2)
     engine.step()
     engine.step()  # the forked request is swapped out
-    assert any(r.status.value == "swapped" for r in engine.waiting)
+    assert any(r.status.value == "swapped" for r in engine.queue)
     monkeypatch.setattr(alloc, "can_swap_in", lambda seq_id, **kw: False)
     while engine.running:  # the first request finishes; the pool empties
         engine.step()
-    assert [r.status.value for r in engine.waiting] == ["swapped"]  # never let back in
+    assert [r.status.value for r in engine.queue] == ["swapped"]  # never let back in
     monkeypatch.undo()
     outputs = engine.run(progress=False)
     assert [list(o) for o in outputs[-1].outputs] == [generate_no_cache(model, encode("fork"), 3)] * 2
@@ -301,8 +309,8 @@ def test_a_failure_inside_step_leaves_the_engine_usable(model, monkeypatch, fail
     alloc = engine.allocator
     alloc.check_invariants()
     assert alloc.seq_ids == () and alloc.num_used_blocks == 0  # every block released
-    assert not engine.running and [r.request_id for r in engine.waiting] == ids
-    assert all(r.status.value == "waiting" for r in engine.waiting)
+    assert not engine.running and [r.request_id for r in engine.queue] == ids
+    assert all(r.status.value == "waiting" for r in engine.queue)
     monkeypatch.setattr(model, "forward_paged", real)
     outputs = engine.run(progress=False)
     for out, prompt in zip(outputs, prompts):
@@ -341,7 +349,7 @@ def test_a_failed_generate_drops_only_its_own_requests(model, monkeypatch) -> No
     with pytest.raises(RuntimeError, match="boom"):
         engine.generate(["mine", "mine too"], 3)
     monkeypatch.undo()
-    assert [r.request_id for r in engine.waiting] == [early] and not engine.running
+    assert [r.request_id for r in engine.queue] == [early] and not engine.running
     assert engine.allocator.num_used_blocks == 0
     (kept,) = engine.run(progress=False)
     assert kept.request_id == early
@@ -387,7 +395,7 @@ def test_a_failure_half_way_through_a_swap_out_loses_no_request(model, monkeypat
     monkeypatch.undo()
     alloc.check_invariants()
     assert alloc.num_used_blocks == 0 and alloc.swapped_seq_ids == ()
-    assert sorted(r.request_id for r in engine.waiting) == [0, 1]
+    assert sorted(r.request_id for r in engine.queue) == [0, 1]
     outputs = engine.run(progress=False)
     assert list(outputs[0].token_ids) == generate_no_cache(model, first, 5)
     assert [list(o) for o in outputs[1].outputs] == [generate_no_cache(model, encode("fork"), 3)] * 2

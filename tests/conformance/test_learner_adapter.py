@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from paged_kv_lib.conformance import engine_for
-from paged_kv_lib.conformance.engine import AllocatorContractError, LearnerBackedAllocator
+from paged_kv_lib.conformance import AllocatorContractError, LearnerBackedAllocator
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -109,7 +109,7 @@ def test_prefix_cache_hits_skip_their_chunks(model, reference) -> None:
 
 
 def test_the_learner_allocator_grows_chunk_by_chunk(model, reference) -> None:
-    from tests.test_conformance_engine import BookkeepingAllocator
+    from tests.conformance.test_learner_adapter import BookkeepingAllocator
 
     calls: List[Tuple[int, int]] = []
 

@@ -308,3 +308,114 @@ def test_can_append_around_one_shared_tail(holders, growers, spare, tail_fill, n
         fits = False
     assert answer is fits
     alloc.check_invariants()
+
+
+# ------------------------------------------------------------------ can_swap_out
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=4), forks=st.integers(0, 2),
+       cpu_blocks=st.integers(0, 10))
+def test_can_swap_out_is_exactly_whether_swapping_them_all_works(lengths, forks, cpu_blocks):
+    """Shared blocks get a private CPU copy each: the answer is the act, for the whole group."""
+    alloc = make(num_blocks=24, block_size=3, num_cpu_blocks=cpu_blocks)
+    for seq_id, n in enumerate(lengths):
+        alloc.allocate_for_sequence(seq_id, n)
+    group = list(range(len(lengths)))
+    for child in range(100, 100 + forks):
+        alloc.fork(0, child)
+        group.append(child)
+    before = snapshot(alloc)
+    answer = alloc.can_swap_out(group)
+    assert_same_state(before, snapshot(alloc))
+    try:
+        for seq_id in group:
+            alloc.swap_out(seq_id)
+        worked = True
+    except OutOfBlocksError:
+        worked = False
+    assert answer is worked
+    alloc.check_invariants()
+
+
+def test_can_swap_out_refusals_are_typed_and_change_nothing():
+    alloc = make(num_cpu_blocks=4)
+    alloc.allocate_for_sequence(0, 5)
+    alloc.allocate_for_sequence(1, 2)
+    alloc.swap_out(1)
+    before = snapshot(alloc)
+    with pytest.raises(UnknownSequenceError, match="7"):
+        alloc.can_swap_out([0, 7])
+    with pytest.raises(SequenceStateError, match="swapped out"):
+        alloc.can_swap_out([1])
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        alloc.can_swap_out([0, 0])
+    with pytest.raises(InvalidTypeError):
+        alloc.can_swap_out(0)
+    with pytest.raises(InvalidTypeError):
+        alloc.can_swap_out([True])
+    assert_same_state(before, snapshot(alloc))
+    assert alloc.can_swap_out([]) and alloc.can_swap_out([0])
+
+
+# ------------------------------------------------------------------ can_allocate_many
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(0, 14), max_size=4), used=st.integers(0, 9),
+       watermark=st.sampled_from([0.0, 0.1, 0.3]))
+def test_can_allocate_many_is_exactly_whether_they_all_fit_leaving_the_watermark(lengths, used, watermark):
+    """Without content to share, allocating one by one either fits all, leaving the watermark, or not."""
+    alloc = make(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    alloc.allocate_for_sequence(99, 4 * used)
+    answer = alloc.can_allocate_many(lengths, watermark=watermark)
+    fits = True
+    for seq_id, n in enumerate(lengths):
+        if not alloc.can_allocate(n):
+            fits = False
+            break
+        alloc.allocate_for_sequence(seq_id, n)
+    fits = fits and alloc.num_free_blocks >= alloc.watermark_blocks(watermark)
+    assert answer is fits
+
+
+def test_can_allocate_many_counts_a_cached_block_once_and_never_says_yes_wrongly():
+    alloc = make(num_blocks=6, block_size=4)
+    prompt = list(range(8))
+    alloc.allocate_for_sequence(0, 8, token_ids=prompt)
+    alloc.free_sequence(0)  # its two full blocks are free and still cached
+    # Two sequences of the prompt + 4 tokens: the two cached blocks once, one new block each.
+    tokens = [prompt + [1, 2, 3, 4], prompt + [5, 6, 7, 8]]
+    assert alloc.can_allocate_many([12, 12], token_ids=tokens)
+    assert alloc.can_allocate_many([12, 12], token_ids=tokens, watermark=0.3)  # 6 - 4 = 2 = ceil(1.8)
+    assert not alloc.can_allocate_many([12, 12], token_ids=tokens, watermark=0.34)
+    assert alloc.can_allocate_many([12, 12, 8], token_ids=tokens + [prompt])  # the cached pair: once for three
+    assert alloc.can_allocate_many([12, 12]) and not alloc.can_allocate_many([12, 12, 1])  # no content: 3 + 3 of 6
+    for seq_id, ids in enumerate(tokens):
+        alloc.allocate_for_sequence(seq_id, 12, token_ids=ids)
+    assert alloc.num_free_blocks == 2
+
+
+def test_can_allocate_many_refusals_are_typed_and_change_nothing():
+    alloc = make()
+    alloc.allocate_for_sequence(0, 5, token_ids=[1] * 5)
+    before = snapshot(alloc)
+    with pytest.raises(InvalidArgumentError, match="2 token_ids for 1 sequences"):
+        alloc.can_allocate_many([4], token_ids=[[1] * 4, [2] * 4])
+    with pytest.raises(InvalidArgumentError, match="got -1"):
+        alloc.can_allocate_many([4, -1])
+    with pytest.raises(InvalidTypeError):
+        alloc.can_allocate_many(4)
+    with pytest.raises(InvalidArgumentError, match="watermark"):
+        alloc.can_allocate_many([4], watermark=2.0)
+    with pytest.raises(PagedKVError):
+        alloc.can_allocate_many([4], token_ids=[[1, 2]])  # 2 ids for 4 tokens
+    assert_same_state(before, snapshot(alloc))
+
+
+# ------------------------------------------------------------------ can_ever_fit
+def test_can_ever_fit_asks_of_the_whole_pool_not_of_what_is_free():
+    alloc = make(num_blocks=10, block_size=4)
+    alloc.allocate_for_sequence(0, 36)  # 9 of 10 blocks held: irrelevant to "ever"
+    assert alloc.can_ever_fit(40) and not alloc.can_ever_fit(41)
+    assert alloc.can_ever_fit(20, num_seqs=2) and not alloc.can_ever_fit(21, num_seqs=2)
+    assert alloc.blocks_to_hold(21, num_seqs=2, watermark=0.1) == 2 * 6 + 1
+    assert not alloc.can_ever_fit(40, watermark=0.01)
+    with pytest.raises(InvalidArgumentError, match="num_seqs"):
+        alloc.can_ever_fit(4, num_seqs=0)

@@ -77,7 +77,7 @@ def test_closing_a_stream_early_aborts_its_requests(model) -> None:
     stream = engine.stream(PROMPTS, MAX_NEW)
     next(stream)
     stream.close()
-    assert [r.request_id for r in engine.running + list(engine.waiting)] == [other]
+    assert [r.request_id for r in engine.running + list(engine.queue)] == [other]
     (kept,) = engine.run(progress=False)
     assert kept.request_id == other and alloc.num_used_blocks == 0
 

@@ -1,0 +1,104 @@
+"""The learner's adapter answers the scheduler as the library's block manager does, from the same rules.
+
+Both receive the same random history (allocate, grow, fork, free, swap out and in); after every
+act each of the engine's questions gets the same answer from both, though the learner's object
+picks different block ids. A rule restated differently in the adapter would show here.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paged_kv_lib.block_manager import BlockManager
+from paged_kv_lib.conformance import engine_for
+from paged_kv_lib.errors import PagedKVError
+from paged_kv_lib.model import ModelConfig, TinyTransformer
+
+from tests.conformance.test_learner_adapter import BookkeepingAllocator
+
+NUM_BLOCKS, BLOCK_SIZE, CPU_BLOCKS = 12, 3, 8
+MODEL = TinyTransformer(ModelConfig(num_layers=1, dim=32, num_heads=2, num_kv_heads=1, hidden_dim=32), seed=0)
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("allocate"), st.integers(0, 5), st.integers(0, 10)),
+        st.tuples(st.just("append"), st.integers(0, 5), st.integers(0, 7)),
+        st.tuples(st.just("fork"), st.integers(0, 5), st.integers(0, 5)),
+        st.tuples(st.just("free"), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("swap_out"), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("swap_in"), st.integers(0, 5), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+def act(target, op: str, a: int, b: int) -> bool:
+    """Apply one op; False when the target refused it (then it must have changed nothing)."""
+    try:
+        if op == "allocate":
+            target.allocate_for_sequence(a, b)
+        elif op == "append":
+            target.append_tokens(a, b)
+        elif op == "fork":
+            target.fork(a, b)
+        elif op == "free":
+            target.free_sequence(a)
+        elif op == "swap_out":
+            target.swap_out(a)
+        else:
+            target.swap_in(a)
+    except (PagedKVError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+def answers(target, resident, swapped) -> dict:
+    out = {
+        "free": target.num_free_blocks,
+        "used": target.num_used_blocks,
+        "cpu_free": target.num_free_cpu_blocks,
+        "can_append": [target.can_append(resident, k) for k in (1, 2, 4)],
+        "can_append_watermark": target.can_append(resident, 1, watermark=0.2),
+        "to_append": [target.blocks_to_append(s, k) for s in resident for k in (1, 3)],
+        "appendable": [target.appendable_tokens(s, u, watermark=w) for s in resident for u in (1, 5, 30)
+                       for w in (0.0, 0.25)],
+        "can_allocate": [target.can_allocate(n, watermark=w) for n in (0, 4, 9, 20) for w in (0.0, 0.1)],
+        "can_allocate_many": [target.can_allocate_many(ns, watermark=0.1) for ns in ([3, 3], [7, 1, 2], [])],
+        "can_swap_out": [target.can_swap_out(resident), target.can_swap_out(resident[:1])],
+        "can_swap_in": [target.can_swap_in(s, watermark=w) for s in swapped for w in (0.0, 0.3)],
+        "ever": [target.can_ever_fit(n, num_seqs=k, watermark=0.1) for n in (10, 33, 36) for k in (1, 2)],
+        "hold": [target.blocks_to_hold(n, num_seqs=2, watermark=0.3) for n in (0, 5, 36)],
+        "watermark": [target.watermark_blocks(w) for w in (0.0, 0.05, 0.5, 1.0)],
+        "needed": [target.blocks_needed(n) for n in (0, 1, 3, 4, 30)],
+        "lengths": [target.get_num_tokens(s) for s in resident + swapped],
+        "table_lengths": [len(target.get_block_mapping(s)) for s in resident],
+    }
+    return out
+
+
+@settings(max_examples=120, deadline=None)
+@given(ops=OPS)
+def test_the_adapter_and_the_block_manager_answer_alike(ops):
+    manager = BlockManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=False, num_cpu_blocks=CPU_BLOCKS)
+    adapter = engine_for(MODEL, BookkeepingAllocator(NUM_BLOCKS, BLOCK_SIZE), num_cpu_blocks=CPU_BLOCKS,
+                         watermark=0.0).allocator
+    for op, a, b in ops:
+        done = act(manager, op, a, b)
+        assert act(adapter, op, a, b) is done, (op, a, b)
+        resident = sorted(manager.seq_ids)
+        swapped = sorted(manager.swapped_seq_ids)
+        assert (resident, swapped) == (sorted(adapter.seq_ids), sorted(adapter.swapped_seq_ids))
+        assert answers(manager, resident, swapped) == answers(adapter, resident, swapped)
+    adapter.check_invariants()
+
+
+@pytest.mark.parametrize("call", ["can_append", "can_swap_out"])
+def test_both_refuse_a_repeated_id(call):
+    manager = BlockManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=False, num_cpu_blocks=CPU_BLOCKS)
+    adapter = engine_for(MODEL, BookkeepingAllocator(NUM_BLOCKS, BLOCK_SIZE), num_cpu_blocks=CPU_BLOCKS).allocator
+    for target in (manager, adapter):
+        target.allocate_for_sequence(0, 4)
+        with pytest.raises(ValueError, match="twice"):
+            getattr(target, call)([0, 0])
