@@ -7,14 +7,23 @@ position in the pool: ``slot = block_id * block_size + offset``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
 def slots_from_positions(
-    block_ids: torch.Tensor, positions: torch.Tensor, block_size: int
+    block_ids: torch.Tensor, positions: torch.Tensor, block_size: int, rows: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    """Translate logical positions into slots through a sequence's block ids (int64)."""
-    return block_ids[positions // block_size] * block_size + positions % block_size
+    """The slot of each logical position, read through block ids: the one home of the slot mapping.
+
+    ``block_ids`` is one sequence's block ids ``[num_blocks]``, or with ``rows`` a padded
+    block-table tensor ``[num_seqs, max_blocks]`` whose row ``rows[i]`` owns ``positions[i]``
+    (a batch's new tokens in one call). Returns int64 ``block * block_size + offset``.
+    """
+    column = positions // block_size
+    ids = block_ids[column] if rows is None else block_ids[rows, column]
+    return ids.long() * block_size + positions % block_size
 
 
 def write_slots(
