@@ -65,7 +65,7 @@ class Bucket:
     unseen_blocks: torch.Tensor
     unseen_slots: torch.Tensor
     mask: Optional[torch.Tensor]
-    empty: torch.Tensor  # bool [num_seqs]: sequences with no token (their output is zeros)
+    empty: Optional[torch.Tensor]  # bool [num_seqs]: sequences with no token (zeros out); None: there are none
     pack: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
 
@@ -202,7 +202,7 @@ def _plan_bucket(
     if clear_unseen and any(n % block_size for n in lens_list):
         tail = ~valid & (key_pos[None, :] >= (lens[:, None] // block_size) * block_size)  # [S, width]
         unseen_slots = tail[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
-    empty = lens == 0
+    empty = (lens == 0) if 0 in lens_list else None
 
     if q_lens_list is None:
         bias = torch.zeros(num_seqs, width, device=device).masked_fill_(~valid, float("-inf"))
@@ -296,8 +296,9 @@ def _attend_bucket(
     scores = scores.view(num_seqs, kv_heads, group, 1, plan.width).add_(plan.mask)
     weights = torch.softmax(scores.view(num_seqs, kv_heads, group, plan.width), dim=-1)
     out = torch.matmul(weights, v).view(num_seqs, q_heads, head_dim)
-    # A sequence with no token saw only -inf (a NaN softmax): its answer is zeros.
-    return torch.where(plan.empty[:, None, None], 0.0, out).to(q.dtype)
+    if plan.empty is not None:  # a sequence with no token saw only -inf (a NaN softmax): its answer is zeros
+        out = torch.where(plan.empty[:, None, None], 0.0, out)
+    return out.to(q.dtype)
 
 
 def paged_attention_batched(

@@ -11,6 +11,7 @@ from typing import Tuple
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .config import ModelConfig
 
@@ -25,19 +26,23 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x`` scaled to unit root-mean-square over its last axis, times ``weight``."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    """``x`` scaled to unit root-mean-square over its last axis, times ``weight`` (torch's fused RMSNorm)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
-def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``cos`` and ``sin`` ``[n, 1, head_dim // 2]`` of the angles ``pos * freq`` of each position.
+def rotary_tables(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` ``[n, 1, head_dim]`` of the angles ``pos * freq`` of each position, in ``dtype``.
 
-    They depend only on the positions, so a forward computes them once for every layer.
-    Each token turns by its own position only, so its result does not depend on which
-    other tokens share the batch (what makes the three forwards agree).
+    Channel ``i`` and its partner ``i + d/2`` share an angle, so each half repeats the
+    other. They depend only on the positions, so a forward computes them once for every
+    layer. Each token turns by its own position only, so its result does not depend on
+    which other tokens share the batch (what makes the three forwards agree).
     """
     angles = positions.to(torch.float32)[:, None] * _rotary_freqs(head_dim, theta, positions.device)[None, :]
-    return angles.cos()[:, None, :], angles.sin()[:, None, :]
+    angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 @functools.lru_cache(maxsize=16)
@@ -48,11 +53,14 @@ def _rotary_freqs(head_dim: int, theta: float, device: torch.device) -> torch.Te
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Turn pairs of channels ``(i, i + d/2)`` of ``x`` ``[n, heads, d]`` by the tabled angles."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    """Turn pairs of channels ``(i, i + d/2)`` of ``x`` ``[n, heads, d]`` by the tabled angles.
+
+    ``(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)``, written as ``x cos + (-x2, x1) sin``
+    so each product is one elementwise op over the whole width (the same roundings).
+    """
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + turned * sin
 
 
 class DecoderLayer(nn.Module):

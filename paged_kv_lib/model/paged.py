@@ -86,7 +86,9 @@ def forward_paged(
                 raise InvalidTypeError(f"write must hold bools, got {type(w).__name__} {w!r}")
         if len(write_list) != len(seq_ids):
             raise InvalidArgumentError(f"write has {len(write_list)} entries for {len(seq_ids)} sequences")
-    id_lists = [_chunk_list(c, i) for i, c in enumerate(chunks)]
+    # The engine's chunks are lists of ints: taken as they are; anything else is checked and converted.
+    id_lists = [c if type(c) is list and all(type(t) is int for t in c) else _chunk_list(c, i)
+                for i, c in enumerate(chunks)]
     q_lens = [len(ids) for ids in id_lists]
     lens = [allocator.get_num_tokens(s) for s in seq_ids]
     for seq_id, n, seq_len in zip(seq_ids, q_lens, lens):

@@ -83,7 +83,7 @@ class TinyTransformer(nn.Module):
         cfg = self.config
         n, eps, d = tokens.shape[0], cfg.norm_eps, cfg.head_dim
         hq, hkv = cfg.num_heads, cfg.num_kv_heads
-        cos, sin = rotary_tables(positions, d, cfg.rope_theta)
+        cos, sin = rotary_tables(positions, d, cfg.rope_theta, self.dtype)
         embed, layers, final_norm = self._weights()
         x = F.embedding(tokens, embed)
         for index, (attn_norm, w_qkv, wo, mlp_norm, w_gate_up, w_down) in enumerate(layers):
