@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
+
+from ..block import cdiv
 from torch.nn import functional as F
 
 
@@ -156,7 +158,7 @@ def _group(lens: List[int], q_lens: Optional[List[int]], block_size: int) -> Lis
     order = sorted(range(n), key=lens.__getitem__)
 
     def cost(group: List[int]) -> int:
-        width = -(-max(lens[i] for i in group) // block_size) * block_size
+        width = cdiv(max(lens[i] for i in group), block_size) * block_size
         rows = 1 if q_lens is None else max(q_lens[i] for i in group)
         return len(group) * rows * width
 
@@ -185,7 +187,7 @@ def _plan_bucket(
     num_seqs = len(lens_list)
     lens = torch.tensor(lens_list, dtype=torch.int64, device=device)
     longest = max(lens_list, default=0)
-    num_blocks = min(block_tables.shape[1], -(-longest // block_size))
+    num_blocks = min(block_tables.shape[1], cdiv(longest, block_size))
     width = num_blocks * block_size
     ids = block_tables[:, :num_blocks].long().clamp(min=0)
     rows = (ids[:, None, :] * kv_heads + _arange(kv_heads, device)[None, :, None]).reshape(-1)
@@ -195,7 +197,7 @@ def _plan_bucket(
     # (the lengths, known here, say whether there are any).
     nothing = torch.empty(0, dtype=torch.int64, device=device)
     unseen_blocks = unseen_slots = nothing
-    if clear_unseen and any(-(-n // block_size) < num_blocks for n in lens_list):
+    if clear_unseen and any(cdiv(n, block_size) < num_blocks for n in lens_list):
         block_start = torch.arange(num_blocks, device=device) * block_size
         past = (block_start[None, :] >= lens[:, None])[:, None, :].expand(num_seqs, kv_heads, num_blocks)
         unseen_blocks = past.reshape(-1).nonzero().flatten()
