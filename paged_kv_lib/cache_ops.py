@@ -26,6 +26,25 @@ def slots_from_positions(
     return ids.long() * block_size + positions % block_size
 
 
+def cache_rows(slots: torch.Tensor, num_heads: int, block_size: int) -> torch.Tensor:
+    """The row of every (slot, head) in a cache seen as ``[num_blocks * num_heads * block_size, head_dim]``.
+
+    int64 ``[len(slots) * num_heads]``, slot-major: what :func:`write_rows` takes, so a caller
+    writing many layers through the same slots computes it once.
+    """
+    heads = torch.arange(num_heads, device=slots.device)
+    first = ((slots // block_size) * num_heads * block_size + slots % block_size)[:, None]
+    return (first + heads[None, :] * block_size).reshape(-1)
+
+
+def write_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> None:
+    """Store ``k``/``v`` ``[n, num_heads, head_dim]`` at the cache rows :func:`cache_rows` gave (one copy each)."""
+    head_dim = k_cache.shape[-1]
+    k_cache.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim))
+    v_cache.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim))
+
+
 def write_slots(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -34,6 +53,9 @@ def write_slots(
     v: torch.Tensor,
 ) -> None:
     """Store ``k``/``v`` of shape ``[n, num_heads, head_dim]`` into the given slots."""
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        write_rows(k_cache, v_cache, cache_rows(slots, k_cache.shape[1], k_cache.shape[2]), k, v)
+        return
     block_size = k_cache.shape[2]
     blocks = slots // block_size
     offsets = slots % block_size

@@ -11,7 +11,7 @@ from ..attention import paged_attention, paged_attention_extend, resolve_backend
 from ..attention.batched import BatchPlan, plan_batch
 from ..attention.batched import attend as attend_batched
 from ..bookkeeping import PagedKVView
-from ..cache_ops import slots_from_positions
+from ..cache_ops import cache_rows, slots_from_positions
 
 
 @dataclass
@@ -19,7 +19,8 @@ class PagedBatch:
     """Everything one paged forward needs about its batch, built once and shared by every layer.
 
     ``positions`` and ``slots`` cover the packed new tokens (``slots`` only those whose K/V
-    is written: ``write_rows`` picks them, ``None`` meaning all); ``block_tables`` and
+    is written: ``write_rows`` picks them, ``None`` meaning all; ``cache_rows`` are the
+    slots' rows in a layer's cache, for every K/V head, computed once for every layer); ``block_tables`` and
     ``seq_lens`` are the attention's inputs; ``plan`` is the batched torch attention's
     gather index, or ``None`` when the Triton backend serves the batch.
     """
@@ -27,6 +28,7 @@ class PagedBatch:
     decode: bool
     positions: torch.Tensor
     slots: torch.Tensor
+    cache_rows: torch.Tensor
     write_rows: Optional[torch.Tensor]
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
@@ -75,8 +77,9 @@ class PagedBatch:
         plan = None
         if resolve_backend("auto", device) == "torch":
             plan = plan_batch(block_tables, seq_lens, num_kv_heads, block_size, None if decode else query_start_loc)
+        rows = cache_rows(slots, num_kv_heads, block_size)
         return cls(
-            decode, positions, slots, write_rows, block_tables, seq_lens.to(torch.int32),
+            decode, positions, slots, rows, write_rows, block_tables, seq_lens.to(torch.int32),
             query_start_loc.to(torch.int32), query_start_loc[1:] - 1, max(q_lens), plan,
         )
 

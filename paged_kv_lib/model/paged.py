@@ -8,7 +8,7 @@ import torch
 
 from .._validate import as_iterable
 from ..bookkeeping import PagedKVView
-from ..cache_ops import write_slots
+from ..cache_ops import write_rows, write_slots
 from ..errors import InvalidArgumentError, InvalidTypeError
 from .batch import PagedBatch
 from .tokens import TokenIds, check_vocab
@@ -101,13 +101,16 @@ def forward_paged(
     tokens = torch.tensor(flat, dtype=torch.int64, device=model.device)
     batch = PagedBatch.build(allocator, seq_ids, lens, q_lens, write_list, model.config.num_kv_heads)
     k_caches, v_caches = allocator.k_caches, allocator.v_caches
+    contiguous = all(c.is_contiguous() for c in (*k_caches, *v_caches))
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = k_caches[layer], v_caches[layer]
-        if batch.write_rows is None:
-            write_slots(k_cache, v_cache, batch.slots, k, v)
+        if batch.write_rows is not None:
+            k, v = k[batch.write_rows], v[batch.write_rows]
+        if contiguous:
+            write_rows(k_cache, v_cache, batch.cache_rows, k, v)
         else:
-            write_slots(k_cache, v_cache, batch.slots, k[batch.write_rows], v[batch.write_rows])
+            write_slots(k_cache, v_cache, batch.slots, k, v)
         return batch.attention(q, k_cache, v_cache)
 
     hidden = model.run(tokens, batch.positions, attend)
