@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -69,6 +69,18 @@ class Bucket:
     mask: Optional[torch.Tensor]
     empty: Optional[torch.Tensor]  # bool [num_seqs]: sequences with no token (zeros out); None: there are none
     pack: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    # Decode: the bias broadcast to [S * kv_heads, group, width] once per group size, for every layer.
+    biases: Dict[int, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def decode_bias(self, group: int) -> torch.Tensor:
+        """The decode bias laid out as ``baddbmm`` adds it, built on first use and kept for the other layers."""
+        bias = self.biases.get(group)
+        if bias is None:
+            assert self.mask is not None
+            bias = self.mask.expand(self.num_seqs, self.kv_heads, group, 1, self.width).reshape(
+                self.num_seqs * self.kv_heads, group, self.width)
+            self.biases[group] = bias
+        return bias
 
 
 @dataclass(frozen=True)
@@ -293,11 +305,13 @@ def _attend_bucket(
     # Decode: each K/V head serves its group's query heads, [S, hkv, group, d].
     assert plan.mask is not None  # a decode plan always carries its bias
     group = q_heads // kv_heads
-    qg = q.float().view(num_seqs, kv_heads, group, head_dim)
-    scores = torch.matmul(qg, k.transpose(2, 3)).mul_(scale)
-    scores = scores.view(num_seqs, kv_heads, group, 1, plan.width).add_(plan.mask)
-    weights = torch.softmax(scores.view(num_seqs, kv_heads, group, plan.width), dim=-1)
-    out = torch.matmul(weights, v).view(num_seqs, q_heads, head_dim)
+    rows = num_seqs * kv_heads
+    qg = q.float().reshape(rows, group, head_dim)
+    # One fused call: bias + scale * q k^T, for every (sequence, K/V head) at once.
+    scores = torch.baddbmm(plan.decode_bias(group), qg, k.view(rows, plan.width, head_dim).transpose(1, 2),
+                           alpha=scale)
+    weights = torch.softmax(scores, dim=-1)
+    out = torch.bmm(weights, v.view(rows, plan.width, head_dim)).view(num_seqs, q_heads, head_dim)
     if plan.empty is not None:  # a sequence with no token saw only -inf (a NaN softmax): its answer is zeros
         out = torch.where(plan.empty[:, None, None], 0.0, out)
     return out.to(q.dtype)
