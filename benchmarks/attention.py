@@ -43,6 +43,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paged_kv_lib.attention import paged_attention  # noqa: E402
+from paged_kv_lib.block import cdiv  # noqa: E402
 
 # Where a CUDA run with --record leaves its figures (committed after a GPU run; lesson 09 reads it).
 MEASURED = Path(__file__).resolve().parent / "measured" / "attention_gpu.json"
@@ -140,8 +141,8 @@ def bytes_needed(case: Case) -> int:
     elem = getattr(torch, case.dtype).itemsize
     row = case.num_kv_heads * case.head_dim * elem  # one token's K (or V) over all K/V heads
     bs = case.block_size
-    paged = sum(-(-n // bs) for n in case.seq_lens) * bs * row
-    padded = len(case.seq_lens) * -(-max(case.seq_lens) // bs) * bs * row
+    paged = sum(cdiv(n, bs) for n in case.seq_lens) * bs * row
+    padded = len(case.seq_lens) * cdiv(max(case.seq_lens), bs) * bs * row
     per_seq = sum(case.seq_lens) * row
     return 2 * (paged + padded + per_seq)
 
@@ -173,11 +174,11 @@ def build(case: Case, device: torch.device) -> dict:
     lens = case.seq_lens
     num_seqs, max_len = len(lens), max(lens)
     bs, hk, d = case.block_size, case.num_kv_heads, case.head_dim
-    max_blocks = -(-max_len // bs)
+    max_blocks = cdiv(max_len, bs)
 
     k = torch.randn(num_seqs, hk, max_blocks * bs, d, device=device, dtype=dtype)
     v = torch.randn_like(k)
-    blocks_per_seq = [-(-n // bs) for n in lens]
+    blocks_per_seq = [cdiv(n, bs) for n in lens]
     num_blocks = sum(blocks_per_seq)
     order = torch.randperm(num_blocks, device=device).to(torch.int32)
     block_tables = torch.full((num_seqs, max_blocks), -1, dtype=torch.int32, device=device)

@@ -1,7 +1,7 @@
 """Engine against two peers: the paged-kv engine beside Hugging Face ``generate`` and HF's continuous batching.
 
 The shipped tiny model is mapped one to one onto transformers' ``LlamaForCausalLM``
-(``paged_kv_lib.peer``), so all three run the same weights in fp32 on one torch thread.
+(``paged_kv_lib.model.hf_peer``), so all three run the same weights in fp32 on one torch thread.
 Four workloads, greedy decoding, every request wanting a fixed number of new tokens:
 
 * mixed: 32 prompts of 9-201 tokens (lengths spread evenly, text from the model's corpus),
@@ -43,7 +43,7 @@ import torch
 
 from paged_kv_lib.engine import Engine
 from paged_kv_lib.model import encode, load_tiny_model
-from paged_kv_lib.peer import to_hf_llama
+from paged_kv_lib.model.hf_peer import to_hf_llama
 
 Workload = Tuple[str, List[List[int]], int, bool]  # name, prompts, new tokens, prefix caching
 BLOCK_SIZE = 16

@@ -38,7 +38,7 @@ BUDGET_S = 420  # the whole check, so `make gpu-check` stays under seven minutes
 STEP_CAPS_S = {"tests": 170, "benchmark": 170, "notebook": 90}
 TEST_WORKERS = 4
 NOTEBOOK = ROOT / "lessons" / "09_paged_attention.ipynb"
-TEST_FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_attention*.py"))
+TEST_FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "attention").glob("test_attention*.py"))
 
 TARGETS = {
     "min_fraction_of_copy_bw": 0.60,

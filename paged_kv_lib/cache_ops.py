@@ -7,14 +7,42 @@ position in the pool: ``slot = block_id * block_size + offset``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
 def slots_from_positions(
-    block_ids: torch.Tensor, positions: torch.Tensor, block_size: int
+    block_ids: torch.Tensor, positions: torch.Tensor, block_size: int, rows: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    """Translate logical positions into slots through a sequence's block ids (int64)."""
-    return block_ids[positions // block_size] * block_size + positions % block_size
+    """The slot of each logical position, read through block ids: the one home of the slot mapping.
+
+    ``block_ids`` is one sequence's block ids ``[num_blocks]``, or with ``rows`` a padded
+    block-table tensor ``[num_seqs, max_blocks]`` whose row ``rows[i]`` owns ``positions[i]``
+    (a batch's new tokens in one call). Returns int64 ``block * block_size + offset``.
+    """
+    column = positions // block_size
+    ids = block_ids[column] if rows is None else block_ids[rows, column]
+    return ids.long() * block_size + positions % block_size
+
+
+def cache_rows(slots: torch.Tensor, num_heads: int, block_size: int) -> torch.Tensor:
+    """The row of every (slot, head) in a cache seen as ``[num_blocks * num_heads * block_size, head_dim]``.
+
+    int64 ``[len(slots) * num_heads]``, slot-major: what :func:`write_rows` takes, so a caller
+    writing many layers through the same slots computes it once.
+    """
+    heads = torch.arange(num_heads, device=slots.device)
+    first = ((slots // block_size) * num_heads * block_size + slots % block_size)[:, None]
+    return (first + heads[None, :] * block_size).reshape(-1)
+
+
+def write_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> None:
+    """Store ``k``/``v`` ``[n, num_heads, head_dim]`` at the cache rows :func:`cache_rows` gave (one copy each)."""
+    head_dim = k_cache.shape[-1]
+    k_cache.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim))
+    v_cache.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim))
 
 
 def write_slots(
@@ -25,6 +53,9 @@ def write_slots(
     v: torch.Tensor,
 ) -> None:
     """Store ``k``/``v`` of shape ``[n, num_heads, head_dim]`` into the given slots."""
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        write_rows(k_cache, v_cache, cache_rows(slots, k_cache.shape[1], k_cache.shape[2]), k, v)
+        return
     block_size = k_cache.shape[2]
     blocks = slots // block_size
     offsets = slots % block_size

@@ -51,25 +51,25 @@ SLOW_FILES = {
     "test_exercises_gates.py",  # executes every exercise notebook, solved and unsolved
     "test_grader.py",  # the grader runs notebooks in fresh kernels
     "test_grader_attacks.py",
-    "test_attention_triton.py",  # every kernel through the Triton interpreter
-    "test_attention_cuda.py",  # GPU shapes (skipped without CUDA anyway)
-    "test_bench_attention_smoke.py",  # benchmarks in subprocesses
-    "test_kernel_compile_sm90.py",
+    "attention/test_attention_triton.py",  # every kernel through the Triton interpreter
+    "attention/test_attention_cuda.py",  # GPU shapes (skipped without CUDA anyway)
+    "attention/test_bench_attention_smoke.py",  # benchmarks in subprocesses
+    "attention/test_kernel_compile_sm90.py",
     "test_gpu_check.py",
     "test_cli_commands.py",  # the installed command in subprocesses
-    "test_hf_peer.py",  # imports transformers and builds a Llama
+    "model/test_hf_peer.py",  # imports transformers and builds a Llama
     "simulate/test_simulate_paper.py",  # paper-sized simulations
-    "test_allocator_stateful.py",  # hypothesis state machines with many steps
+    "kv/test_allocator_stateful.py",  # hypothesis state machines with many steps
 }
 # Single tests (every parametrization), by file and name; each took seconds in a timed run:
 SLOW_TESTS = {
     "test_free_queue.py::TestQueueMachine::runTest",  # state machines
     "test_simulate_contiguous.py::TestAllocatorMachine::runTest",
-    "test_attention.py::test_batched_extend_equals_the_reference",  # many shapes through the reference
-    "test_attention.py::test_batched_decode_equals_the_reference",
-    "test_attention.py::test_torch_decode_matches_sdpa",
-    "test_attention.py::test_torch_extend_matches_causal_sdpa",
-    "test_attention.py::test_library_imports_without_triton",  # a fresh interpreter
+    "attention/test_attention.py::test_batched_extend_equals_the_reference",  # many shapes through the reference
+    "attention/test_attention.py::test_batched_decode_equals_the_reference",
+    "attention/test_attention.py::test_torch_decode_matches_sdpa",
+    "attention/test_attention.py::test_torch_extend_matches_causal_sdpa",
+    "attention/test_attention.py::test_library_imports_without_triton",  # a fresh interpreter
     "test_conformance_check.py::test_an_allocator_without_copy_on_write_fails_and_is_named",  # hypothesis searches
     "test_conformance_check.py::test_planted_bugs_are_named",
     "test_conformance_check.py::test_the_seeds_growth_rule_fails_with_a_short_sequence",
@@ -87,7 +87,7 @@ SLOW_TESTS = {
 
 def _slow(path, is_dir: bool = False) -> bool:
     rel = os.path.relpath(str(path), os.path.dirname(__file__)).replace(os.sep, "/") + ("/" if is_dir else "")
-    return any(rel == f or (f.endswith("/") and rel.startswith(f)) for f in SLOW_FILES)
+    return any(rel == f or rel.endswith("/" + f) or (f.endswith("/") and rel.startswith(f)) for f in SLOW_FILES)
 
 
 def pytest_ignore_collect(collection_path, config):

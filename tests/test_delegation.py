@@ -73,8 +73,8 @@ DELEGATIONS = {
         "from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as S\n"
         "class MyAllocator:\n    append_tokens = S.append_tokens\n", "MyAllocator"),
     "the reference function itself": (
-        "from paged_kv_lib.attention import triton_kernel\n"
-        "tile_addresses = triton_kernel._kv_tile_offsets\n", "tile_addresses"),
+        "from paged_kv_lib.attention.triton_kernel import tiles\n"
+        "tile_addresses = tiles._kv_tile_offsets\n", "tile_addresses"),
     "a function calling the reference": (
         "from paged_kv_lib.attention.triton_kernel import _kv_tile_offsets as reference_addresses\n"
         "def tile_addresses(*args):\n    return reference_addresses(*args)\n", "tile_addresses"),

@@ -9,6 +9,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..errors import InvalidArgumentError, InvalidTypeError
+
 from . import _checks
 from .batched import paged_attention_batched, paged_attention_extend_batched
 
@@ -80,7 +82,7 @@ def _should_check_values(check_values: Optional[bool], device: torch.device) -> 
     if check_values is None:
         return device.type == "cpu"
     if not isinstance(check_values, bool):
-        raise TypeError(f"check_values must be a bool or None, got {type(check_values).__name__}")
+        raise InvalidTypeError(f"check_values must be a bool or None, got {type(check_values).__name__}")
     return check_values
 
 
@@ -172,16 +174,16 @@ def paged_attention_extend(
     device sync. Other arguments as in ``paged_attention``. Returns q's shape and dtype.
     """
     if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+        raise InvalidTypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if not isinstance(seq_lens, torch.Tensor):
-        raise TypeError(f"seq_lens must be a torch.Tensor, got {type(seq_lens).__name__}")
+        raise InvalidTypeError(f"seq_lens must be a torch.Tensor, got {type(seq_lens).__name__}")
     num_seqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     _checks.check_common(q, k_cache, v_cache, block_tables, seq_lens, num_rows=num_seqs)
     query_start_loc = _checks.check_query_start_loc(query_start_loc, num_seqs)
     if query_start_loc.device != q.device:
-        raise ValueError(f"query_start_loc is on {query_start_loc.device}, but q is on {q.device}")
+        raise InvalidArgumentError(f"query_start_loc is on {query_start_loc.device}, but q is on {q.device}")
     if max_query_len is not None and (isinstance(max_query_len, bool) or not isinstance(max_query_len, int)):
-        raise TypeError(f"max_query_len must be an int or None, got {type(max_query_len).__name__}")
+        raise InvalidTypeError(f"max_query_len must be an int or None, got {type(max_query_len).__name__}")
     scale = _checks.check_scale(scale, q.shape[-1])
     backend = resolve_backend(backend, q.device)
     if _should_check_values(check_values, q.device):
@@ -190,7 +192,7 @@ def paged_attention_extend(
         if max_query_len is not None:
             actual = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if num_seqs else 0
             if max_query_len < actual:
-                raise ValueError(f"max_query_len={max_query_len} is less than the longest query ({actual})")
+                raise InvalidArgumentError(f"max_query_len={max_query_len} is less than the longest query ({actual})")
 
     if backend == "torch":
         return paged_attention_extend_batched(

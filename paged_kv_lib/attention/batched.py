@@ -25,16 +25,20 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import torch
+
+from ..block import cdiv
 from torch.nn import functional as F
 
 
 # A bucket's padded work is about count * query rows * width; one more bucket costs about
-# as much as this many (query, key) pairs in fixed per-call overhead.
-BUCKET_OVERHEAD = 512
+# as much as this many (query, key) pairs in fixed per-call overhead (some twenty tensor ops
+# per layer; measured on the engine's mixed batch of 32 on one CPU thread: 512 cut too many
+# buckets, 2048-8192 were about 7% faster than 512 and alike).
+BUCKET_OVERHEAD = 4096
 MAX_BUCKETS = 4
 
 
@@ -65,8 +69,20 @@ class Bucket:
     unseen_blocks: torch.Tensor
     unseen_slots: torch.Tensor
     mask: Optional[torch.Tensor]
-    empty: torch.Tensor  # bool [num_seqs]: sequences with no token (their output is zeros)
+    empty: Optional[torch.Tensor]  # bool [num_seqs]: sequences with no token (zeros out); None: there are none
     pack: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    # Decode: the bias broadcast to [S * kv_heads, group, width] once per group size, for every layer.
+    biases: Dict[int, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def decode_bias(self, group: int) -> torch.Tensor:
+        """The decode bias laid out as ``baddbmm`` adds it, built on first use and kept for the other layers."""
+        bias = self.biases.get(group)
+        if bias is None:
+            assert self.mask is not None
+            bias = self.mask.expand(self.num_seqs, self.kv_heads, group, 1, self.width).reshape(
+                self.num_seqs * self.kv_heads, group, self.width)
+            self.biases[group] = bias
+        return bias
 
 
 @dataclass(frozen=True)
@@ -156,7 +172,7 @@ def _group(lens: List[int], q_lens: Optional[List[int]], block_size: int) -> Lis
     order = sorted(range(n), key=lens.__getitem__)
 
     def cost(group: List[int]) -> int:
-        width = -(-max(lens[i] for i in group) // block_size) * block_size
+        width = cdiv(max(lens[i] for i in group), block_size) * block_size
         rows = 1 if q_lens is None else max(q_lens[i] for i in group)
         return len(group) * rows * width
 
@@ -185,7 +201,7 @@ def _plan_bucket(
     num_seqs = len(lens_list)
     lens = torch.tensor(lens_list, dtype=torch.int64, device=device)
     longest = max(lens_list, default=0)
-    num_blocks = min(block_tables.shape[1], -(-longest // block_size))
+    num_blocks = min(block_tables.shape[1], cdiv(longest, block_size))
     width = num_blocks * block_size
     ids = block_tables[:, :num_blocks].long().clamp(min=0)
     rows = (ids[:, None, :] * kv_heads + _arange(kv_heads, device)[None, :, None]).reshape(-1)
@@ -195,14 +211,14 @@ def _plan_bucket(
     # (the lengths, known here, say whether there are any).
     nothing = torch.empty(0, dtype=torch.int64, device=device)
     unseen_blocks = unseen_slots = nothing
-    if clear_unseen and any(-(-n // block_size) < num_blocks for n in lens_list):
+    if clear_unseen and any(cdiv(n, block_size) < num_blocks for n in lens_list):
         block_start = torch.arange(num_blocks, device=device) * block_size
         past = (block_start[None, :] >= lens[:, None])[:, None, :].expand(num_seqs, kv_heads, num_blocks)
         unseen_blocks = past.reshape(-1).nonzero().flatten()
     if clear_unseen and any(n % block_size for n in lens_list):
         tail = ~valid & (key_pos[None, :] >= (lens[:, None] // block_size) * block_size)  # [S, width]
         unseen_slots = tail[:, None, :].expand(num_seqs, kv_heads, width).reshape(-1).nonzero().flatten()
-    empty = lens == 0
+    empty = (lens == 0) if 0 in lens_list else None
 
     if q_lens_list is None:
         bias = torch.zeros(num_seqs, width, device=device).masked_fill_(~valid, float("-inf"))
@@ -291,13 +307,16 @@ def _attend_bucket(
     # Decode: each K/V head serves its group's query heads, [S, hkv, group, d].
     assert plan.mask is not None  # a decode plan always carries its bias
     group = q_heads // kv_heads
-    qg = q.float().view(num_seqs, kv_heads, group, head_dim)
-    scores = torch.matmul(qg, k.transpose(2, 3)).mul_(scale)
-    scores = scores.view(num_seqs, kv_heads, group, 1, plan.width).add_(plan.mask)
-    weights = torch.softmax(scores.view(num_seqs, kv_heads, group, plan.width), dim=-1)
-    out = torch.matmul(weights, v).view(num_seqs, q_heads, head_dim)
-    # A sequence with no token saw only -inf (a NaN softmax): its answer is zeros.
-    return torch.where(plan.empty[:, None, None], 0.0, out).to(q.dtype)
+    rows = num_seqs * kv_heads
+    qg = q.float().reshape(rows, group, head_dim)
+    # One fused call: bias + scale * q k^T, for every (sequence, K/V head) at once.
+    scores = torch.baddbmm(plan.decode_bias(group), qg, k.view(rows, plan.width, head_dim).transpose(1, 2),
+                           alpha=scale)
+    weights = torch.softmax(scores, dim=-1)
+    out = torch.bmm(weights, v.view(rows, plan.width, head_dim)).view(num_seqs, q_heads, head_dim)
+    if plan.empty is not None:  # a sequence with no token saw only -inf (a NaN softmax): its answer is zeros
+        out = torch.where(plan.empty[:, None, None], 0.0, out)
+    return out.to(q.dtype)
 
 
 def paged_attention_batched(

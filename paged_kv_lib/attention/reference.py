@@ -13,6 +13,8 @@ from typing import Optional
 
 import torch
 
+from ..block import cdiv
+
 
 def gather_kv(
     cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int
@@ -24,7 +26,7 @@ def gather_kv(
     Returns a contiguous ``[num_kv_heads, seq_len, head_dim]`` tensor.
     """
     block_size = cache.shape[2]
-    num_used_blocks = -(-seq_len // block_size)
+    num_used_blocks = cdiv(seq_len, block_size)
     block_ids = block_table_row[:num_used_blocks].long()
     blocks = cache[block_ids]  # [used_blocks, kv_heads, block_size, head_dim]
     # Put the blocks side by side along the token axis, then drop the unused tail slots.

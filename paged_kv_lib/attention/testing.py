@@ -13,9 +13,12 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..block import cdiv
+from ..cache_ops import slots_from_positions, write_slots
+
 
 @dataclass
-class PagedBatch:
+class PagedAttentionCase:
     """A decode or extend batch over a paged cache, plus the contiguous K/V it came from."""
 
     q: torch.Tensor  # decode: [num_seqs, q_heads, d]; extend: [total_q, q_heads, d]
@@ -42,7 +45,7 @@ def make_paged_batch(
     pad_columns: int = 0,
     poison: bool = True,
     seed: int = 0,
-) -> PagedBatch:
+) -> PagedAttentionCase:
     """A batch whose sequences sit in shuffled cache blocks.
 
     ``query_lens`` makes an extend batch: sequence ``i``'s last ``query_lens[i]`` tokens
@@ -53,7 +56,7 @@ def make_paged_batch(
     """
     gen = torch.Generator().manual_seed(seed)
     lens = [int(n) for n in seq_lens]
-    blocks_per_seq = [-(-n // block_size) for n in lens]
+    blocks_per_seq = [cdiv(n, block_size) for n in lens]
     num_blocks = max(1, sum(blocks_per_seq) + spare_blocks)
     order = torch.randperm(num_blocks, generator=gen).tolist()
 
@@ -68,13 +71,11 @@ def make_paged_batch(
     for i, n in enumerate(lens):
         k = torch.randn(num_kv_heads, n, head_dim, generator=gen).to(dtype)
         v = torch.randn(num_kv_heads, n, head_dim, generator=gen).to(dtype)
-        ids = [order.pop() for _ in range(blocks_per_seq[i])]
-        block_tables[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        for pos in range(0, n, block_size):
-            chunk = slice(pos, min(pos + block_size, n))
-            block = ids[pos // block_size]
-            k_cache[block, :, : chunk.stop - pos] = k[:, chunk]
-            v_cache[block, :, : chunk.stop - pos] = v[:, chunk]
+        ids = torch.tensor([order.pop() for _ in range(blocks_per_seq[i])], dtype=torch.int32)
+        block_tables[i, : len(ids)] = ids
+        # Token j goes where the library's slot mapping puts it.
+        slots = slots_from_positions(ids, torch.arange(n), block_size)
+        write_slots(k_cache, v_cache, slots, k.transpose(0, 1), v.transpose(0, 1))
         keys.append(k)
         values.append(v)
 
@@ -89,7 +90,7 @@ def make_paged_batch(
     def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return None if t is None else t.to(device)
 
-    return PagedBatch(
+    return PagedAttentionCase(
         q=move(q),
         k_cache=move(k_cache),
         v_cache=move(v_cache),
@@ -101,7 +102,7 @@ def make_paged_batch(
     )
 
 
-def sdpa_decode(batch: PagedBatch, scale: Optional[float] = None) -> torch.Tensor:
+def sdpa_decode(batch: PagedAttentionCase, scale: Optional[float] = None) -> torch.Tensor:
     """SDPA in float32 on each sequence's contiguous K/V: what decode attention should give."""
     out = torch.zeros(batch.q.shape, dtype=torch.float32, device=batch.q.device)
     for i, (k, v) in enumerate(zip(batch.keys, batch.values)):
@@ -115,7 +116,7 @@ def sdpa_decode(batch: PagedBatch, scale: Optional[float] = None) -> torch.Tenso
     return out
 
 
-def sdpa_extend(batch: PagedBatch, scale: Optional[float] = None) -> torch.Tensor:
+def sdpa_extend(batch: PagedAttentionCase, scale: Optional[float] = None) -> torch.Tensor:
     """SDPA in float32 with a causal mask shifted by each sequence's cached prefix."""
     out = torch.zeros(batch.q.shape, dtype=torch.float32, device=batch.q.device)
     starts = batch.query_start_loc.tolist()

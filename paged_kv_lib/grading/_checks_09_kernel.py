@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..attention import paged_attention_reference
-from ..attention.testing import PagedBatch, make_paged_batch
+from ..attention.testing import PagedAttentionCase, make_paged_batch
 from ._common import fail, passed, run_probe
 from ._common_09 import close, describe, matches, unwrap
 from .probes import triton_paged_decode
@@ -39,7 +39,7 @@ class Case:
     overwritten below ``seq_len`` (with -1, or with an id past ``num_blocks`` when a third item is given)."""
 
     what: str
-    batch: PagedBatch
+    batch: PagedAttentionCase
     splits: int
     scale: float
     holes: tuple[tuple[Any, ...], ...] = ()

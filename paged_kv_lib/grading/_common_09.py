@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from ..attention.testing import TOLERANCES, PagedBatch
+from ..attention.testing import TOLERANCES, PagedAttentionCase
 from ._common import TaskNotWrittenError, fail
 
 _UNWRITTEN = re.compile(r"Task (09\.[0-9]+)")
 
 
-def describe(b: PagedBatch) -> str:
+def describe(b: PagedAttentionCase) -> str:
     """One line naming a batch's shapes, block tables and lengths (the call a failure shows)."""
     return (f"q {tuple(b.q.shape)} {str(b.q.dtype).replace('torch.', '')}, caches {tuple(b.k_cache.shape)} "
             f"(num_blocks, kv_heads, block_size, head_dim), block_tables={b.block_tables.tolist()}, "

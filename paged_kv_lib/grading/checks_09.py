@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..attention import paged_attention_reference
-from ..attention.testing import PagedBatch, make_paged_batch
+from ..attention.testing import PagedAttentionCase, make_paged_batch
 from ._checks_09_kernel import check_paged_decode_kernel
 from ._checks_09_warmups import check_fold_tile, check_tile_addresses
 from ._common import call_learner, fail, is_tensor, passed, show
@@ -165,7 +165,7 @@ def check_merge_softmax_states(merge_softmax_states: Callable[[State, State], An
 
 
 # --------------------------------------------------------------------------- 09.5 (debug)
-def _split_cases() -> Iterator[tuple[str, PagedBatch, int, float | None]]:
+def _split_cases() -> Iterator[tuple[str, PagedAttentionCase, int, float | None]]:
     yield ("float32, 2 query heads per K/V head, 3 splits",
            make_paged_batch([10, 33, 1], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
                             spare_blocks=2, pad_columns=2, seed=31), 3, None)
@@ -184,7 +184,7 @@ def _split_cases() -> Iterator[tuple[str, PagedBatch, int, float | None]]:
                             dtype=torch.bfloat16, seed=36), 2, None)
 
 
-def _decode_with_kv_head(b: PagedBatch, scale: float, kv_head_of: Callable[[int, int], int]) -> torch.Tensor:
+def _decode_with_kv_head(b: PagedAttentionCase, scale: float, kv_head_of: Callable[[int, int], int]) -> torch.Tensor:
     out = torch.zeros(b.q.shape, dtype=torch.float32)
     group = b.q.shape[1] // b.k_cache.shape[1]
     for i, n in enumerate(b.seq_lens.tolist()):

@@ -184,7 +184,7 @@ def test_cli_generate_reports_an_impossible_request(capsys) -> None:
 def test_decode_step_works_on_the_whole_batch_at_once(model, monkeypatch) -> None:
     """One block-table tensor, one gather plan and no per-sequence slot mapping per step;
     one batched attention call per layer, each over the whole batch."""
-    import paged_kv_lib.model as model_module
+    import paged_kv_lib.model.batch as model_module
 
     calls = {"attend": [], "plan": 0, "tables": 0, "slot_mapping": 0}
     real_attend, real_plan = model_module.attend_batched, model_module.plan_batch

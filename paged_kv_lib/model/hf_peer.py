@@ -12,7 +12,8 @@ from typing import Any, Dict
 
 import torch
 
-from .model import BOS_ID, TinyTransformer
+from .tokens import BOS_ID
+from .transformer import TinyTransformer
 
 PEER_HINT = "the Hugging Face peer needs transformers: pip install 'paged-kv[peer]'"
 
@@ -59,7 +60,7 @@ def to_hf_llama(model: TinyTransformer, *, max_positions: int = 4096) -> Any:
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError(PEER_HINT) from err
     cfg = model.config
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.dim,
         intermediate_size=cfg.hidden_dim,
@@ -78,7 +79,7 @@ def to_hf_llama(model: TinyTransformer, *, max_positions: int = 4096) -> Any:
         eos_token_id=None,
         pad_token_id=0,
     )
-    peer = LlamaForCausalLM(config).to(dtype=model.dtype, device=model.device)
+    peer = LlamaForCausalLM(config).to(dtype=model.dtype, device=model.device)  # type: ignore[call-arg]
     missing, unexpected = peer.load_state_dict(hf_state_dict(model), strict=False)
     # Only rotary buffers (computed, not learned) may be absent from our state dict.
     missing = [m for m in missing if "rotary_emb" not in m]

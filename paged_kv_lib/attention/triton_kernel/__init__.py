@@ -10,7 +10,9 @@ Long contexts with few sequences leave most of a GPU idle, so the decode kernel 
 cut each sequence into ``num_splits`` chunks handled by separate programs ("split-K",
 or flash-decoding); a second small kernel merges their partial results.
 
-Importing this module imports Triton. On a machine without a GPU, set
+The kernels live one per module (``decode.py``, ``merge.py``, ``extend.py``, and the two
+helpers they inline in ``tiles.py``); this module holds the sizes and limits, the launch
+planning and the launchers. Importing it imports Triton. On a machine without a GPU, set
 ``TRITON_INTERPRET=1`` before Triton is first imported to run the kernels on the CPU.
 """
 
@@ -22,8 +24,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import triton
-import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+
+from ...block import cdiv
+from ...errors import InvalidArgumentError
+from .decode import _paged_decode_kernel
+from .extend import _paged_extend_kernel
+from .merge import _merge_splits_kernel
+from .tiles import _kv_tile_offsets, _online_softmax_step  # noqa: F401  (re-exported: lessons and tests read them here)
 
 # exp(x) == exp2(x * log2(e)); exp2 is the cheaper instruction on GPUs.
 LOG2_E = 1.4426950408889634
@@ -51,301 +59,6 @@ MAX_GRID_YZ = 65535
 FP_FUSION = True
 
 
-# ----------------------------------------------------------------------------- helpers
-@triton.jit
-def _kv_tile_offsets(
-    block_tables_ptr,
-    table_row,  # int64 offset of this sequence's row in the block table
-    stride_btb,
-    pos,  # [BLOCK_N] logical token positions
-    in_range,  # [BLOCK_N] which positions this program may read
-    max_blocks,  # the block table's width: entries per row
-    num_blocks,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """Translate logical positions into (physical block, slot) and say which are readable.
-
-    The block table is only read where ``in_range`` holds and the entry lies inside this
-    sequence's row (a length longer than the row must not run into the next row), and a
-    block id outside ``[0, num_blocks)`` (a -1 pad, say) is never dereferenced: its token
-    is masked out.
-    """
-    logical_block = pos // BLOCK_SIZE
-    in_row = in_range & (logical_block < max_blocks)
-    physical_block = tl.load(
-        block_tables_ptr + table_row + logical_block * stride_btb, mask=in_row, other=-1
-    ).to(tl.int64)
-    valid = in_row & (physical_block >= 0) & (physical_block < num_blocks)
-    slot = pos % BLOCK_SIZE
-    return physical_block, slot, valid
-
-
-@triton.jit
-def _online_softmax_step(
-    q,  # [M, BLOCK_D] queries
-    k,  # [BLOCK_N, BLOCK_D]
-    v,  # [BLOCK_N, BLOCK_D]
-    visible,  # [M, BLOCK_N] which (query, key) pairs may attend
-    m_i,  # [M] running max score (log2 units)
-    l_i,  # [M] running sum of exp2(score - m_i)
-    acc,  # [M, BLOCK_D] running sum of exp2(score - m_i) * v
-    scale_log2,
-    DOT_IN_FP32: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    """Fold one K/V tile into the running softmax; returns the new ``(m_i, l_i, acc)``."""
-    if DOT_IN_FP32:
-        q = q.to(tl.float32)
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2
-    scores = tl.where(visible, scores, float("-inf"))
-
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so the
-    # exponentials below give 0 rather than NaN (-inf - -inf).
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)  # rescales what was summed under the old max
-    p = tl.exp2(scores - m_safe[:, None])
-
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-    return m_new, l_i, acc
-
-
-# ----------------------------------------------------------------------------- decode
-@triton.jit
-def _paged_decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-    scale_log2, num_blocks, max_blocks, num_q_heads,
-    stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_kh, stride_kt, stride_kd,
-    stride_vb, stride_vh, stride_vt, stride_vd,
-    stride_bts, stride_btb,
-    stride_os, stride_oh, stride_od,
-    GROUP: tl.constexpr,  # query heads per K/V head
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
-    BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two >= 16 (tl.dot's minimum)
-    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
-    BLOCK_N: tl.constexpr,  # tokens per tile
-    NUM_SPLITS: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    """Attention of one sequence's query heads (one K/V head's group) over one token range.
-
-    Grid: ``(num_seqs, num_kv_heads, NUM_SPLITS)``. With one split the normalised output
-    is written straight to ``out``; otherwise the unnormalised partial sums go to the
-    ``part_*`` buffers for ``_merge_splits_kernel``. Each sequence is cut into splits by
-    its own length, so a short sequence in a batch of long ones gets short splits.
-    """
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-
-    # A length the row cannot hold is cut to the row (value checks report it; unchecked,
-    # the kernel must still not read the next sequence's row or past the table).
-    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int64)
-    seq_len = tl.maximum(tl.minimum(seq_len, max_blocks * BLOCK_SIZE), 0)
-    tokens_per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, seq_len)
-
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    heads = kv_head * GROUP + offs_g
-    row_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-
-    q = tl.load(
-        q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=row_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-
-    for tile_start in range(start, end, BLOCK_N):
-        pos = tile_start + offs_n
-        block, slot, valid = _kv_tile_offsets(
-            block_tables_ptr, seq * stride_bts, stride_btb, pos, pos < end, max_blocks, num_blocks, BLOCK_SIZE
-        )
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_cache_ptr + block[:, None] * stride_kb + kv_head * stride_kh
-            + slot[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-            mask=kv_mask, other=0.0,
-        )
-        v = tl.load(
-            v_cache_ptr + block[:, None] * stride_vb + kv_head * stride_vh
-            + slot[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-            mask=kv_mask, other=0.0,
-        )
-        m_i, l_i, acc = _online_softmax_step(
-            q, k, v, valid[None, :], m_i, l_i, acc, scale_log2, DOT_IN_FP32, INPUT_PRECISION
-        )
-
-    if NUM_SPLITS == 1:
-        # A sequence with no tokens has l_i == 0 and acc == 0: its output is 0.
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(
-            out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-            out.to(out_ptr.dtype.element_ty),
-            mask=row_mask[:, None] & d_mask[None, :],
-        )
-    else:
-        # Partial buffers are contiguous [num_seqs, num_q_heads, NUM_SPLITS(, HEAD_DIM)].
-        part = (seq * num_q_heads + heads) * NUM_SPLITS + split
-        tl.store(part_max_ptr + part, m_i, mask=row_mask)
-        tl.store(part_sum_ptr + part, l_i, mask=row_mask)
-        tl.store(
-            part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
-            acc,
-            mask=row_mask[:, None] & d_mask[None, :],
-        )
-
-
-@triton.jit
-def _merge_splits_kernel(
-    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-    num_q_heads,
-    stride_os, stride_oh, stride_od,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-):
-    """Combine the splits of one (sequence, query head): rescale each to the global max.
-
-    Grid: ``(num_seqs, num_q_heads)``. A split that saw no tokens has max -inf and sum 0,
-    so its weight is 0; if every split is empty the output is 0.
-    """
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    offs_s = tl.arange(0, NUM_SPLITS)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-
-    part = (seq * num_q_heads + head) * NUM_SPLITS + offs_s
-    m = tl.load(part_max_ptr + part)
-    sums = tl.load(part_sum_ptr + part)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=d_mask[None, :], other=0.0)
-
-    m_max = tl.max(m, 0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    weight = tl.exp2(m - m_max)
-    total = tl.sum(weight * sums, 0)
-    out = tl.sum(weight[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
-    tl.store(
-        out_ptr + seq * stride_os + head * stride_oh + offs_d * stride_od,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d_mask,
-    )
-
-
-# ----------------------------------------------------------------------------- extend
-@triton.jit
-def _paged_extend_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    out_ptr,
-    scale_log2, num_blocks, max_blocks,
-    stride_qt, stride_qh, stride_qd,
-    stride_kb, stride_kh, stride_kt, stride_kd,
-    stride_vb, stride_vh, stride_vt, stride_vd,
-    stride_bts, stride_btb,
-    stride_ot, stride_oh, stride_od,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two
-    BLOCK_Q: tl.constexpr,  # query tokens per tile; BLOCK_Q * BLOCK_G >= 16
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    """Causal attention of one sequence's new tokens (one K/V head's group), ``BLOCK_Q`` at a time.
-
-    Grid: ``(num_seqs, programs_per_seq, num_kv_heads)``. Program ``p`` takes this
-    sequence's query tiles ``p, p + programs_per_seq, ...``, so every new token is
-    covered whatever grid the launcher chose (a short ``max_query_len`` hint, or a grid
-    capped at CUDA's 65,535 in its second dimension, only means more tiles per program).
-
-    Row ``r`` of a tile is query token ``r // BLOCK_G`` of the tile and query head
-    ``r % BLOCK_G`` of the group. New token ``j`` sits at position
-    ``seq_len - query_len + j`` and sees every key at or before it.
-    """
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(2)
-
-    q_start = tl.load(query_start_loc_ptr + seq).to(tl.int64)
-    query_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int64) - q_start
-    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int64)
-    context_len = seq_len - query_len  # tokens cached before the new ones
-    # Keys past the row's last block do not exist for this sequence (see the decode kernel).
-    key_limit = tl.minimum(seq_len, max_blocks * BLOCK_SIZE)
-
-    offs_r = tl.arange(0, BLOCK_Q * BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    heads = kv_head * GROUP + offs_r % BLOCK_G
-    head_mask = offs_r % BLOCK_G < GROUP
-    d_mask = offs_d < HEAD_DIM
-
-    num_q_tiles = tl.cdiv(query_len, BLOCK_Q)
-    for q_tile in range(tl.program_id(1), num_q_tiles, tl.num_programs(1)):
-        q_idx = q_tile * BLOCK_Q + offs_r // BLOCK_G
-        row_mask = (q_idx < query_len) & head_mask
-        q_pos = context_len + q_idx
-
-        q = tl.load(
-            q_ptr + (q_start + q_idx)[:, None] * stride_qt + heads[:, None] * stride_qh
-            + offs_d[None, :] * stride_qd,
-            mask=row_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-
-        m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
-
-        # Keys past the last query of this tile are invisible to all its rows.
-        end = tl.minimum(key_limit, context_len + (q_tile + 1) * BLOCK_Q)
-        for tile_start in range(0, end, BLOCK_N):
-            pos = tile_start + offs_n
-            block, slot, valid = _kv_tile_offsets(
-                block_tables_ptr, seq * stride_bts, stride_btb, pos, pos < end, max_blocks, num_blocks,
-                BLOCK_SIZE,
-            )
-            kv_mask = valid[:, None] & d_mask[None, :]
-            k = tl.load(
-                k_cache_ptr + block[:, None] * stride_kb + kv_head * stride_kh
-                + slot[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-                mask=kv_mask, other=0.0,
-            )
-            v = tl.load(
-                v_cache_ptr + block[:, None] * stride_vb + kv_head * stride_vh
-                + slot[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                mask=kv_mask, other=0.0,
-            )
-            visible = valid[None, :] & (pos[None, :] <= q_pos[:, None]) & row_mask[:, None]
-            m_i, l_i, acc = _online_softmax_step(
-                q, k, v, visible, m_i, l_i, acc, scale_log2, DOT_IN_FP32, INPUT_PRECISION
-            )
-
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(
-            out_ptr + (q_start + q_idx)[:, None] * stride_ot + heads[:, None] * stride_oh
-            + offs_d[None, :] * stride_od,
-            out.to(out_ptr.dtype.element_ty),
-            mask=row_mask[:, None] & d_mask[None, :],
-        )
-
-
 # ----------------------------------------------------------------------------- launchers
 def is_interpreting() -> bool:
     """Whether Triton runs kernels on the CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
@@ -367,7 +80,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     target = PROGRAMS_PER_SM * num_sms
     if programs >= target:
         return 1
-    by_occupancy = _next_power_of_2(-(-target // programs))
+    by_occupancy = _next_power_of_2(cdiv(target, programs))
     by_length = 1 << max(0, (max_context // MIN_TOKENS_PER_SPLIT).bit_length() - 1)
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
 
@@ -432,7 +145,7 @@ def extend_config(dtype: torch.dtype, head_dim: int, group: int, max_query_len: 
     # Fewer query tokens when the group is wide, never fewer than tl.dot's 16 rows, and
     # no more tokens than the longest query needs.
     block_q = max(1, rows // block_g)
-    block_q = min(block_q, max(_next_power_of_2(max(1, max_query_len)), -(-16 // block_g)))
+    block_q = min(block_q, max(_next_power_of_2(max(1, max_query_len)), cdiv(16, block_g)))
     if dtype == torch.float32:
         block_n = 16 if 64 < head_dim <= 128 else 32
     else:
@@ -647,7 +360,7 @@ def paged_attention_extend_triton(
     """
     _check_device(q)
     if max_query_len is not None and max_query_len < 0:
-        raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
+        raise InvalidArgumentError(f"max_query_len must be >= 0, got {max_query_len}")
     num_kv_heads = k_cache.shape[1]
     num_seqs = seq_lens.shape[0]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -656,7 +369,7 @@ def paged_attention_extend_triton(
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if num_kv_heads > MAX_GRID_YZ:
-        raise ValueError(f"num_kv_heads = {num_kv_heads} exceeds the grid limit of {MAX_GRID_YZ}")
+        raise InvalidArgumentError(f"num_kv_heads = {num_kv_heads} exceeds the grid limit of {MAX_GRID_YZ}")
     plan_extend(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
         max_query_len=max_query_len, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
