@@ -30,7 +30,7 @@ import pytest
 from paged_kv_lib.grading import batch, grader, sandbox
 from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grading"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "grading"
 TIMEOUT = 10
 POINTS = {"90.1": 2, "90.2": 1, "90.3": 3}
 
@@ -188,7 +188,7 @@ def attacks(course: Path, gradebook: Path) -> Dict[str, Dict[str, str]]:
             "for target in (b'/home/learner', b'/opt/paged-kv', b'/'):\n"
             "    libc.umount2(target, 2)\n"
             "libc.mount(b'none', b'/', None, 32 | 16384, None)  # remount read-write\n"
-            f"checkout = {str(Path(__file__).resolve().parents[1])!r}\n"
+            f"checkout = {str(Path(__file__).resolve().parents[2])!r}\n"
             "caps = [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1]\n"
             "mounts = open('/proc/self/mountinfo').read()\n"
             f"seen = [p for p in (checkout + '/.git', checkout + '/tests', {str(solutions)!r}) if os.path.exists(p)]\n"
@@ -377,7 +377,7 @@ def test_a_reply_from_the_kernel_cannot_name_a_class():
 def test_attacks_on_a_real_exercise_earn_nothing(tmp_path):
     """Exercise 02, as in the issue: replacing the course's check functions, an int equal to
     everything, and reading the solutions from the checkout."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     learner = repo / "exercises" / "02_blocks_and_block_tables.ipynb"
     if not learner.is_file():
         pytest.skip("no exercise 02")

@@ -17,7 +17,7 @@ graded task of every exercise must have at least one planted file.
 The folder is a parameter: the exercise authors own ``tests/exercises/planted/``;
 ``tests/fixtures/grading/planted_demo/`` holds the gate's own demo (90: the grader's demo
 exercise).
-Run: ``.venv/bin/python -m pytest -p no:randomly -p no:nbval -q -s tests/test_planted_through_grader.py``.
+Run: ``.venv/bin/python -m pytest -p no:randomly -p no:nbval -q -s tests/grading/test_planted_through_grader.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import pytest
 
 from paged_kv_lib.grading.notebook_tasks import find_tasks, read_notebook, write_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "exercises" / "solutions"
 PLANTED = ROOT / "tests" / "exercises" / "planted"
 FIXTURES = ROOT / "tests" / "fixtures" / "grading"

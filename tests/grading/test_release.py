@@ -15,7 +15,7 @@ from paged_kv_lib import cli
 from paged_kv_lib.grading import release
 from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "grading"
 POINTS = {"90.1": 2, "90.2": 1, "90.3": 3}
 SOLVED = {

@@ -22,7 +22,7 @@ from paged_kv_lib import cli
 from paged_kv_lib.grading import batch, grader
 from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grading"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "grading"
 PRISTINE = FIXTURES / "solutions"
 LEARNER = FIXTURES / "90_demo.ipynb"
 TIMEOUT = 5  # seconds per cell: the endless loops must cost little
