@@ -493,6 +493,7 @@ def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
     tell({"cell": -1, "limit": STARTUP_TIMEOUT_S + 60})
     session = Session(spec, mode)
     _preload_checks(cells, known)
+    _load_hidden_cases(cells)
     try:
         try:
             session.request(("ping",), timeout=STARTUP_TIMEOUT_S)
@@ -565,6 +566,19 @@ def _preload_checks(cells: List[Dict[str, Any]], known: Dict[str, Tuple[str, str
                 pass
 
     threading.Thread(target=load, name="preload-checks", daemon=True).start()
+
+
+def _load_hidden_cases(cells: List[Dict[str, Any]]) -> None:
+    """Load the hidden-case files the job's hidden check cells import (while the kernel starts); a file
+    that does not load fails its cases' cells with the import error."""
+    from . import hidden
+
+    for cell in cells:
+        if cell.get("hidden") and isinstance(cell.get("module"), str) and isinstance(cell.get("path"), str):
+            try:
+                hidden.load_module(cell["module"], cell["path"])
+            except Exception:  # noqa: BLE001 - reported by the case's cell when it runs
+                pass
 
 
 def _clean(text: str) -> str:
