@@ -87,7 +87,7 @@ def classroom_workflow(tasks: Sequence[GradedTest]) -> str:
     ids = []
     for entry in tasks:
         notebook, task, points = entry[0], entry[1], entry[2]
-        check = int(entry[3]) if len(entry) > 3 else 0  # type: ignore[misc]
+        check = int(entry[3]) if len(entry) > 3 else 0
         ident = step_id(task, check)
         ids.append(ident)
         points_text = str(int(points)) if float(points).is_integer() else str(points)

@@ -358,17 +358,17 @@ class Sneaky(int):
 def test_a_reply_from_the_kernel_cannot_name_a_class():
     import pickle
 
-    from paged_kv_lib.grading import wire
+    from paged_kv_lib.grading import wire, wire_decode
 
     for value in (Sneaky(3), Path("/etc/passwd"), print):
         with pytest.raises(wire.WireError):
-            wire.decode_reply(pickle.dumps(value), lambda key, kind: None)
+            wire_decode.decode_reply(pickle.dumps(value), lambda key, kind: None)
     encoder = wire.Encoder({})
     plain = [1, (2, "x"), {"a": None}, {3}, {"o": "not a tag"}]
-    assert wire.decode_reply(encoder.reply(encoder.encode(plain)), lambda key, kind: None) == plain
+    assert wire_decode.decode_reply(encoder.reply(encoder.encode(plain)), lambda key, kind: None) == plain
     with pytest.raises(wire.WireError, match="not a class the grader rebuilds"):
-        wire.decode_reply(wire.pack_reply({"o": ["os", "system", []]}, []), lambda key, kind: None)
-    decoded = wire.decode_reply(encoder.reply(encoder.encode([Sneaky(3), True, 3])), lambda key, kind: ("handle", key))
+        wire_decode.decode_reply(wire.pack_reply({"o": ["os", "system", []]}, []), lambda key, kind: None)
+    decoded = wire_decode.decode_reply(encoder.reply(encoder.encode([Sneaky(3), True, 3])), lambda key, kind: ("handle", key))
     assert decoded[0][0] == "handle", "an int subclass is not an int"
 
 

@@ -134,6 +134,7 @@ def _planted_notebook(exercise: str, task: str, source: str, tmp_path: Path) -> 
     solution = next(SOLUTIONS.glob(f"{exercise}_*.ipynb"))
     nb = copy.deepcopy(read_notebook(solution))
     nb.cells[find_tasks(nb)[task].solution_cell].source = source
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / solution.name
     nbformat.write(nb, path)
     return path
