@@ -198,7 +198,7 @@ def _run_batch(args: argparse.Namespace) -> int:
     results = grade_batch(
         submissions, pristine=args.pristine, cell_timeout=args.timeout, jobs=args.jobs,
         progress=not args.no_progress, course=args.course, sandbox_mode=args.sandbox,
-        hidden=[args.batch, args.csv.parent],
+        hidden=[args.batch, args.csv.parent], cases=getattr(args, "hidden_cases", None),
     )
     roster = gradebook.read_roster(args.roster) if args.roster is not None else None
     rows = gradebook.write(results, args.csv, args.format, roster)

@@ -254,10 +254,14 @@ def grade_notebook(
         report.error = load_error or f"cannot grade: {exc}"
         return report
     tasks = find_tasks(pristine_nb)
+
+    def total(task: Task) -> float:  # a task's points under official grading: visible and hidden
+        return task.points + sum(c.points for c in found_cases if c.task == task.task)
+
     if sub_nb is None:
         report.error = load_error
         reason = load_error.split(": ", 1)[1] if load_error.startswith(f"{submission}: ") else load_error
-        report.tasks = [TaskResult(t.task, t.points, False, reason) for t in tasks.values()]
+        report.tasks = [TaskResult(t.task, total(t), False, reason) for t in tasks.values()]
         return report
     spliced, report.notes, used = splice_cells(pristine_nb, sub_nb)
     report.notes.extend(ungraded_code(pristine_nb, sub_nb, used))
@@ -280,7 +284,7 @@ def grade_notebook(
     except (GradingError, sandbox.SandboxUnavailableError) as exc:
         report.error = str(exc)
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else "the grader failed"
-        report.tasks = [TaskResult(t.task, t.points, False, f"not graded: {line}") for t in tasks.values()]
+        report.tasks = [TaskResult(t.task, total(t), False, f"not graded: {line}") for t in tasks.values()]
         return report
     if isolation:
         report.notes.insert(0, isolation)
