@@ -138,7 +138,8 @@ def test_releasing_this_course_leaves_out_every_solution(tmp_path):
     files = release.build_release(REPO, out)
     names = {p.relative_to(out).as_posix() for p in files}
     assert any(n.startswith("lessons/") for n in names) and "README.md" in names
-    assert not any(n.startswith(("exercises/solutions/", "tests/")) for n in names)
+    assert not any(n.startswith(("exercises/solutions/", "exercises/hidden/", "tests/")) for n in names)
+    assert (REPO / "exercises" / "hidden").is_dir(), "the course keeps hidden cases, and the release leaves them out"
     solutions = sorted((REPO / "exercises" / "solutions").glob("[0-9][0-9]_*.ipynb"))
     for path in solutions:
         assert (out / "exercises" / path.name).is_file() and (out / "exercises" / "pristine" / path.name).is_file()
