@@ -12,8 +12,8 @@ judge (identity, aliasing) fail here, not only in a notebook.
 To keep CI time down, all files of one exercise share one notebook and one grading run
 (:func:`stacked`): after each task's own cells come copies of the task, one per planted file
 (its solution cell holding the file, then the task's check cells, under the task id
-``NN.(100k+i)``), each followed by the task's reference solution cell again, so later tasks
-and copies build on the reference. A file whose expected line the shared run does not show
+``NN.(100k+i)``), each starting from the bindings the task's own solution cell started from,
+and after them the task's reference solution cell again, so later tasks build on the reference. A file whose expected line the shared run does not show
 (a planted mistake can break the cells after it) is graded again alone, spliced into the
 solution notebook, before it counts as a failure. Every graded task of every exercise must
 have at least one planted file.
@@ -114,24 +114,48 @@ def _without_markers(source: str) -> str:
                    if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
 
 
+def _save(names: Sequence[str], slot: str) -> str:
+    """A cell keeping the bindings of ``names`` as they are now (names not bound yet stay unbound)."""
+    return f"{slot} = {{n: globals()[n] for n in {sorted(names)!r} if n in globals()}}"
+
+
+def _restore(names: Sequence[str], slot: str) -> str:
+    """A cell giving ``names`` back the bindings :func:`_save` kept."""
+    return (f"for _n in {sorted(names)!r}:\n    globals().pop(_n, None)\n"
+            f"globals().update({slot})")
+
+
 def stacked(solution: nbformat.NotebookNode, files: Sequence[Planted]) -> Tuple[nbformat.NotebookNode, Dict[str, Planted]]:
     """One notebook grading every file of an exercise (see the module's docstring), with no solution
-    markers left (it is its own pristine copy), and ``copy task id -> planted file``."""
+    markers left (it is its own pristine copy), and ``copy task id -> planted file``.
+
+    Each copy starts from the names the task defines as they were before the task's own solution
+    cell (a ``class MyAllocator(MyAllocator)`` builds on the earlier task, never on another copy),
+    and after the copies the task's reference solution runs again on that same base."""
+    from paged_kv_lib.grading.splice import _defined_names
+
     nb = copy.deepcopy(solution)
     tasks = find_tasks(nb)
     by_task: Dict[str, List[Planted]] = {}
     for planted in files:
         by_task.setdefault(planted.task, []).append(planted)
     last = {t.task: max((t.solution_cell, *t.check_cells)) for t in tasks.values()}
+    first = {t.solution_cell: t.task for t in tasks.values() if by_task.get(t.task)}
     cells, copies = [], {}
     for index, cell in enumerate(nb.cells):
+        if index in first:
+            names = sorted(_defined_names(cell.get("source", "")))
+            cells.append(nbformat.v4.new_code_cell(_save(names, f"_planted_base_{index}")))
         cells.append(cell)
-        for task in (t for t, at in last.items() if at == index):
+        for task in (t for t, at in last.items() if at == index and by_task.get(t)):
             spec = tasks[task]
             reference = nb.cells[spec.solution_cell]
-            for number, planted in enumerate(by_task.get(task, []), start=1):
+            names = sorted(_defined_names(reference.get("source", "")))
+            restore = _restore(names, f"_planted_base_{spec.solution_cell}")
+            for number, planted in enumerate(by_task[task], start=1):
                 ident = copy_id(task, number)
                 copies[ident] = planted
+                cells.append(nbformat.v4.new_code_cell(restore))
                 for at in (spec.solution_cell, *spec.check_cells):
                     twin = copy.deepcopy(nb.cells[at])
                     twin.metadata["paged_kv"]["task"] = ident
@@ -139,7 +163,8 @@ def stacked(solution: nbformat.NotebookNode, files: Sequence[Planted]) -> Tuple[
                     if at == spec.solution_cell:
                         twin.source = planted.source
                     cells.append(twin)
-                cells.append(nbformat.v4.new_code_cell(reference.source))  # the reference again, for what follows
+            cells.append(nbformat.v4.new_code_cell(restore))  # then the reference again, for what follows
+            cells.append(nbformat.v4.new_code_cell(reference.source))
     for number, cell in enumerate(cells):
         cell.source = _without_markers(cell.get("source", ""))
         cell["id"] = f"stacked-{number}"
@@ -289,9 +314,9 @@ def test_the_demo_covers_its_exercise():
         spec, twin = original[planted.task], tasks[ident]
         assert together.cells[twin.solution_cell].source == planted.source
         assert len(twin.check_cells) == len(spec.check_cells)
-        after = together.cells[max(twin.check_cells) + 1]
-        assert after.source == together.cells[tasks[planted.task].solution_cell].source, "the reference again"
-        assert "paged_kv" not in after.metadata
+        assert "globals().update(_planted_base_" in together.cells[twin.solution_cell - 1].source
+    reference_90_1 = together.cells[tasks["90.1"].solution_cell].source
+    assert [c.source for c in together.cells].count(reference_90_1) == 2, "the reference again after the copies"
     assert not any("### BEGIN SOLUTION" in c.source for c in together.cells), "its own pristine copy"
 
 
