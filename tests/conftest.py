@@ -49,8 +49,8 @@ def one_thread():
 SLOW_FILES = {
     "browser/",  # a real Chromium driving JupyterLab
     "test_exercises_gates.py",  # executes every exercise notebook, solved and unsolved
-    "test_grader.py",  # the grader runs notebooks in fresh kernels
-    "test_grader_attacks.py",
+    "grading/test_grader.py",  # the grader runs notebooks in fresh kernels
+    "grading/test_grader_attacks.py",
     "attention/test_attention_triton.py",  # every kernel through the Triton interpreter
     "attention/test_attention_cuda.py",  # GPU shapes (skipped without CUDA anyway)
     "attention/test_bench_attention_smoke.py",  # benchmarks in subprocesses

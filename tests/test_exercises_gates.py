@@ -19,6 +19,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from paged_kv_lib.grading import generate as gen
+from paged_kv_lib.grading.learner_work import in_learner_fork
 from paged_kv_lib.grading.notebook_tasks import (
     ExerciseSpecError,
     NotebookFormatError,
@@ -356,7 +357,7 @@ def _exercise_pairs():
 
 @pytest.mark.parametrize("solutions, out", _exercise_pairs(), ids=lambda p: str(p.relative_to(REPO)))
 def test_committed_learner_versions_equal_a_fresh_generation(solutions, out):
-    stale = gen.generate(solutions, out, check=True)
+    stale = gen.generate(solutions, out, check=True, learner_work=in_learner_fork())  # a fork: learners' work counts
     assert not stale, f"stale learner versions (run `make exercises`): {[str(p) for p in stale]}"
     for path in gen.solution_paths(solutions):
         assert (out / path.name).is_file(), f"missing learner version of {path.name}"
@@ -370,6 +371,13 @@ def _learner_notebooks():
     found = [FIXTURES / "90_demo.ipynb"]
     found += [EXERCISES / p.name for p in gen.solution_paths(SOLUTIONS) if (EXERCISES / p.name).is_file()]
     return found
+
+
+def _skip_learner_work(path: Path) -> None:
+    """In a learner's fork (PAGED_KV_LEARNER_FORK=true) a learner version holding their work is theirs: skipped."""
+    solution = SOLUTIONS / path.name
+    if in_learner_fork() and solution.is_file() and path.read_text(encoding="utf-8") != gen.learner_text(solution):
+        pytest.skip(f"{path.name} holds the learner's work (a learner's fork): `make check` grades it")
 
 
 def _run_with_errors(path: Path) -> nbformat.NotebookNode:
@@ -400,6 +408,7 @@ def _errors(cell) -> list:
 
 @pytest.mark.parametrize("path", _learner_notebooks(), ids=lambda p: str(p.relative_to(REPO)))
 def test_learner_versions_open_clean(path):
+    _skip_learner_work(path)
     nb = read_notebook(path)
     for task in find_tasks(nb).values():
         for index in (task.solution_cell, *task.check_cells):
@@ -415,6 +424,7 @@ def test_learner_versions_open_clean(path):
 def test_untouched_learner_version_fails_exactly_at_its_check_cells(path):
     """By executing: every check cell raises (no stored output decides it), no other cell does, and
     a course check says in one line which task is not written yet."""
+    _skip_learner_work(path)
     nb = read_notebook(path)
     checks = sorted(i for task in find_tasks(nb).values() for i in task.check_cells)
     assert checks, "a learner version without check cells"
@@ -452,6 +462,7 @@ def test_the_grader_gives_the_solution_full_marks_and_the_untouched_version_noth
     report = grader.grade_notebook(copy_of_solution, course=REPO)
     assert not report.error, report.error
     assert [(t.task, t.passed) for t in report.tasks if not t.passed] == [], [(t.task, t.failure) for t in report.tasks]
+    _skip_learner_work(EXERCISES / solution.name)
     untouched = grader.grade_notebook(EXERCISES / solution.name, course=REPO)
     assert not untouched.error, untouched.error
     for task in untouched.tasks:

@@ -245,4 +245,6 @@ def under_judge(value: Any) -> bool:
     Figures a check prints only for the learner to read (nobody reads them under the grader) are
     skipped then, when they would cost many calls into the learner's kernel.
     """
-    return type(value).__module__.startswith("paged_kv_lib.grading.")
+    from ..stand_in import is_stand_in
+
+    return is_stand_in(value)

@@ -83,13 +83,14 @@ def grade_submission(
     sandbox_mode: str = "auto",
     hidden: Sequence[Path] = (),
     pristines: Optional[Dict[str, Any]] = None,
+    cases: Optional[Path] = None,
 ) -> GradeReport:
     """Grade one submission; whatever goes wrong becomes that submission's report, never an exception."""
     try:
         loaded = (pristines or {}).get(submission.exercise)
         return grade_notebook(submission.path, pristine=pristine, cell_timeout=cell_timeout,
                               exercise=submission.exercise, course=course, sandbox_mode=sandbox_mode,
-                              hidden=hidden, pristine_nb=loaded)
+                              hidden=hidden, pristine_nb=loaded, cases=cases)
     except Exception as exc:  # noqa: BLE001 - one broken submission must never stop the class's run
         return GradeReport(submission=submission.path, exercise=submission.exercise, error=f"grader failed: {exc}")
 
@@ -123,8 +124,10 @@ def grade_batch(
     course: Optional[Path] = None,
     sandbox_mode: str = "auto",
     hidden: Sequence[Path] = (),
+    cases: Optional[Path] = None,
 ) -> List[BatchResult]:
-    """Grade submissions, ``jobs`` at a time (default: the number of cores), with a progress bar."""
+    """Grade submissions, ``jobs`` at a time (default: the number of cores), with a progress bar; ``cases`` is
+    the folder of hidden cases (default: the course's ``exercises/hidden/``)."""
     jobs = max(1, jobs or os.cpu_count() or 1)
     if course is None and pristine is None and submissions:
         try:
@@ -146,7 +149,7 @@ def grade_batch(
         bar = tqdm(total=len(submissions), desc="grading", unit="notebook")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {
-            pool.submit(grade_submission, s, pristine, cell_timeout, course, sandbox_mode, hide, pristines): s
+            pool.submit(grade_submission, s, pristine, cell_timeout, course, sandbox_mode, hide, pristines, cases): s
             for s in submissions
         }
         for future in as_completed(futures):

@@ -81,6 +81,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--task", metavar="NN.k",
                         help="grade the whole notebook but exit 0 only when this one task passed "
                              "(one autograding test per task)")
+    parser.add_argument("--check", type=int, metavar="N",
+                        help="with --task: exit 0 only when the task's N-th check (1, 2, ...) passed, "
+                             "for a task judged by several checks (one autograding test per check)")
+    parser.add_argument("--hidden-cases", type=Path, metavar="DIR",
+                        help="the folder of hidden cases NN.py (default: the course's exercises/hidden/)")
     parser.set_defaults(func=run)
 
 
@@ -92,6 +97,11 @@ def _input_error(args: argparse.Namespace) -> str:
         return f"--course {args.course}: no exercises/ folder in it"
     if getattr(args, "task", None) is not None and getattr(args, "batch", None) is not None:
         return "--task grades one notebook; it cannot be used with --batch"
+    if getattr(args, "check", None) is not None and (getattr(args, "task", None) is None or args.check < 1):
+        return f"--check {args.check}: give a check number 1, 2, ... together with --task NN.k"
+    hidden_dir = getattr(args, "hidden_cases", None)
+    if hidden_dir is not None and not hidden_dir.is_dir():
+        return f"--hidden-cases {hidden_dir}: no such folder"
     if args.pristine is not None and not args.pristine.exists():
         return f"--pristine {args.pristine}: no such file or folder"
     if args.sandbox == "bwrap":
@@ -120,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from .grader import grade_notebook
 
     report = grade_notebook(args.notebook, pristine=args.pristine, cell_timeout=args.timeout,
-                            course=args.course, sandbox_mode=args.sandbox)
+                            course=args.course, sandbox_mode=args.sandbox, cases=getattr(args, "hidden_cases", None))
     print(format_report(report))
     if report.error:
         return 2
@@ -130,7 +140,13 @@ def run(args: argparse.Namespace) -> int:
             known = ", ".join(t.task for t in report.tasks) or "none"
             print(f"error: --task {args.task}: this notebook has no such task (its tasks: {known})", file=sys.stderr)
             return 2
-        return 0 if chosen[0].passed else 1
+        if getattr(args, "check", None) is None:
+            return 0 if chosen[0].passed else 1
+        visible = [c for c in chosen[0].checks if not c.hidden]
+        if args.check > len(visible):
+            print(f"error: --check {args.check}: task {args.task} has {len(visible)} check(s)", file=sys.stderr)
+            return 2
+        return 0 if visible[args.check - 1].passed else 1
     return 0 if report.ok else 1
 
 
@@ -182,7 +198,7 @@ def _run_batch(args: argparse.Namespace) -> int:
     results = grade_batch(
         submissions, pristine=args.pristine, cell_timeout=args.timeout, jobs=args.jobs,
         progress=not args.no_progress, course=args.course, sandbox_mode=args.sandbox,
-        hidden=[args.batch, args.csv.parent],
+        hidden=[args.batch, args.csv.parent], cases=getattr(args, "hidden_cases", None),
     )
     roster = gradebook.read_roster(args.roster) if args.roster is not None else None
     rows = gradebook.write(results, args.csv, args.format, roster)
@@ -220,6 +236,14 @@ def format_report(report: GradeReport, detail_lines: Optional[int] = DETAIL_LINE
         lines.append("")
         for row in rows:
             lines.append("  ".join([row[i].ljust(widths[i]) for i in range(3)] + [row[3]]).rstrip())
+    split = [t for t in report.tasks if not t.passed and len(t.checks) > 1]
+    if split:
+        lines.append("\nper check (a task with several checks earns the points of those that passed):")
+        for task in split:
+            for check in task.checks:
+                got = check.points if check.passed else 0
+                verdict = "pass" if check.passed else f"FAIL  {check.failure}".rstrip()
+                lines.append(f"  {task.task}  {check.name}  {fmt_points(got)}/{fmt_points(check.points)}  {verdict}")
     details = [t for t in report.tasks if not t.passed and t.detail and t.detail.strip() != t.failure]
     for task in details:
         body = task.detail.strip().splitlines()

@@ -123,11 +123,13 @@ def solution_paths(solutions_dir: Path) -> List[Path]:
     return sorted(p for p in solutions_dir.glob(SOLUTION_GLOB) if p.is_file())
 
 
-def generate(solutions_dir: Path, out_dir: Path, check: bool = False) -> List[Path]:
+def generate(solutions_dir: Path, out_dir: Path, check: bool = False, learner_work: bool = False) -> List[Path]:
     """Write (or, with ``check``, only compare) every learner version; return the stale paths.
 
     Every solution notebook is validated first; problems in any of them raise one
-    :class:`ExerciseSpecError` naming all of them, before anything is written.
+    :class:`ExerciseSpecError` naming all of them, before anything is written. With
+    ``learner_work`` (a learner's fork, see :mod:`.learner_work`) a learner version that is
+    the fresh one plus a learner's work counts as up to date, and is never overwritten.
     """
     texts = {}
     errors = []
@@ -142,6 +144,8 @@ def generate(solutions_dir: Path, out_dir: Path, check: bool = False) -> List[Pa
     for target, text in texts.items():
         current = target.read_text(encoding="utf-8") if target.exists() else None
         if current != text:
+            if learner_work and current is not None and _is_learner_work(current, text, target):
+                continue
             stale.append(target)
             if not check:
                 target.write_text(text, encoding="utf-8")
@@ -151,6 +155,16 @@ def generate(solutions_dir: Path, out_dir: Path, check: bool = False) -> List[Pa
             p for p in sorted(out_dir.glob(SOLUTION_GLOB)) if p.is_file() and p.name not in generated
         )
     return stale
+
+
+def _is_learner_work(current: str, fresh: str, target: Path) -> bool:
+    from .learner_work import learner_work_problems
+    from .notebook_tasks import notebook_from_text
+
+    try:
+        return not learner_work_problems(notebook_from_text(current, str(target)), notebook_from_text(fresh))
+    except NotebookFormatError:
+        return False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true",
         help="write nothing; exit 1 listing learner versions that differ from a fresh generation",
     )
+    parser.add_argument(
+        "--learner-fork", action="store_true", default=None,
+        help="a learner's fork: a learner version holding the learner's work counts as up to date "
+             "(default: PAGED_KV_LEARNER_FORK=true in the environment)",
+    )
     return parser
 
 
@@ -181,7 +200,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: no such folder: {solutions_dir}", file=sys.stderr)
         return 2
     try:
-        stale = generate(solutions_dir, out_dir, check=args.check)
+        from .learner_work import in_learner_fork
+
+        fork = in_learner_fork() if args.learner_fork is None else args.learner_fork
+        stale = generate(solutions_dir, out_dir, check=args.check, learner_work=fork)
     except ExerciseSpecError as exc:
         print(f"error: solution notebooks break the exercise conventions:\n{exc}", file=sys.stderr)
         return 2

@@ -120,7 +120,8 @@ def build_autograder(course: Path, out: Path, exercise: Optional[str] = None, to
 
 
 def results_json(report: Any) -> Dict[str, Any]:
-    """Gradescope's results for one graded notebook: a test per task with its full feedback."""
+    """Gradescope's results for one graded notebook: a test per task with its full feedback; a task with
+    several checks scores the points of those that passed (partial credit), each check on a line."""
     from .cli import format_report
 
     tests: List[Dict[str, Any]] = []
@@ -129,6 +130,10 @@ def results_json(report: Any) -> Dict[str, Any]:
             output = f"PASSED {task.task}"
         else:
             output = (task.detail or task.failure or "failed").strip()
+            if len(task.checks) > 1:
+                output += "\n\n" + "\n".join(
+                    f"{c.name}: {c.points if c.passed else 0:g}/{c.points:g} " + ("pass" if c.passed else f"FAIL {c.failure}")
+                    for c in task.checks)
         tests.append({"name": f"task {task.task}", "score": task.earned, "max_score": task.points,
                       "output": output, "visibility": "visible"})
     return {"score": report.earned, "tests": tests, "output": format_report(report, detail_lines=None),

@@ -15,8 +15,6 @@ result (JSON) on stdout; the grader runs one such process per submission.
 
 from __future__ import annotations
 
-import ast
-import builtins
 import contextlib
 import importlib
 import io
@@ -27,31 +25,20 @@ import select
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _common, sandbox, stubs, wire
+from . import _common, sandbox, wire
+from .check_cells import CheckCall, CheckCellError, imported_names, parse_check_cell
+from .remote import Caller, JudgeAbort, Refused, Remote, _first_line, library_errors, restore
 from ._common import TaskNotWrittenError, not_written
+
+__all__ = ["Caller", "CheckCall", "CheckCellError", "JudgeAbort", "Refused", "Remote", "Session", "imported_names",
+           "judge", "library_errors", "main", "parse_check_cell", "restore", "run_check"]
 
 RUNNER = sandbox.RUNNER
 INTERRUPT_GRACE_S = 3.0
 STARTUP_TIMEOUT_S = 120.0
-
-
-class JudgeAbort(BaseException):
-    """The kernel timed out, died or broke the protocol: the check cannot go on (not an ``Exception``,
-    so a check's ``except Exception`` never swallows it)."""
-
-
-class Refused(BaseException):
-    """A reply the judge does not accept (over a bound, not plain data) or a use of a stubbed module:
-    the check fails with this one line, and the kernel stays usable (not an ``Exception``, so a
-    check's ``except Exception`` never turns it into another message)."""
-
-
-class CheckCellError(ValueError):
-    """A pristine check cell that is not imports plus one call with plain arguments."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,277 +112,6 @@ class Session:
         sandbox.stop(self.process, self.spec)
 
 
-# ---------------------------------------------------------------------------------------
-# Proxies
-
-
-class _Pickler(pickle.Pickler):
-    def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is Remote:
-            return ("handle", object.__getattribute__(obj, "_key"))
-        return None
-
-
-def _dumps(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    try:
-        _Pickler(buffer, protocol=4).dump(value)
-    except Exception as exc:  # noqa: BLE001 - a check that passes something unpicklable is a check bug
-        raise TypeError(f"the judge cannot send a {type(value).__name__} to the learner's code: {exc}") from exc
-    return buffer.getvalue()
-
-
-_BUILTIN_EXCEPTIONS = {
-    name: value for name, value in vars(builtins).items()
-    if isinstance(value, type) and issubclass(value, Exception)
-}
-
-
-def library_errors() -> Dict[str, type]:
-    """The library's error classes by name (those ``paged_kv_lib.errors`` defines)."""
-    from .. import errors
-
-    return {name: value for name, value in vars(errors).items()
-            if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
-
-
-class Caller:
-    """Makes the kernel requests of one check and turns replies into values, errors and argument updates."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-
-    def decode(self, data: Any, blobs: List[bytes]) -> Any:
-        try:
-            return wire.Decoder(lambda key, kind: Remote(self, key, kind), blobs).decode(data)
-        except wire.WireError as exc:
-            raise Refused(f"refused the learner's reply: {exc}") from None
-
-    def request(self, op: str, ref: Any, args: Tuple[Any, ...] = (), kwargs: Optional[Dict[str, Any]] = None) -> Any:
-        kwargs = kwargs or {}
-        message = (op, ref, [_dumps(a) for a in args], {k: _dumps(v) for k, v in kwargs.items()})
-        reply, blobs = self.session.request(message)
-        error: Optional[BaseException] = None
-        try:
-            status = reply[0]
-            changed = reply[4] if status == "raised" else reply[2]
-            for key, state in changed:
-                original = args[key] if type(key) is int else kwargs[key]
-                restore(original, self.decode(state, blobs))
-            if status == "ok":
-                return self.decode(reply[1], blobs)
-            if status != "raised":
-                raise ValueError(f"unknown reply {status!r}")
-            error = self.exception(reply)
-        except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise Refused(f"the kernel sent a malformed reply ({type(exc).__name__})") from None
-        raise error
-
-    def probe(self, function: Any, args: Tuple[Any, ...]) -> Any:
-        """Run a probe of :mod:`.probes` in the kernel, on the learner's objects; its answer, decoded as data."""
-        message = ("probe", str(function.__name__), [_dumps(a) for a in args])
-        reply, blobs = self.session.request(message)
-        if reply[0] == "raised":
-            raise self.exception(reply)
-        if reply[0] != "ok" or len(reply) < 2:
-            raise Refused(f"the probe {function.__name__} sent back a malformed reply")
-        return self.decode(reply[1], blobs)  # untrusted data, bounded and class-free like every reply
-
-    def exception(self, reply: List[Any]) -> BaseException:
-        """The learner's exception, rebuilt by name: a builtin or a library error, else RuntimeError."""
-        module, qualname, message = str(reply[1])[:200], str(reply[2])[:200], str(reply[3])[:4000]
-        if qualname == stubs.ERROR_NAME:
-            raise Refused(_first_line(message) or message)
-        cls: Optional[type] = None
-        if module == "builtins":
-            cls = _BUILTIN_EXCEPTIONS.get(qualname)
-        elif module == "paged_kv_lib" or module.startswith("paged_kv_lib."):
-            cls = library_errors().get(qualname)
-        if cls is None:
-            return RuntimeError(f"{qualname}: {message}")
-        created: Any = BaseException.__new__(cls)
-        created.args = (message,)
-        for pair in (reply[5] if len(reply) > 5 and type(reply[5]) is list else []):
-            if type(pair) is list and len(pair) == 2 and type(pair[0]) is str and pair[0].isidentifier() \
-                    and not pair[0].startswith("_") and type(pair[1]) in (int, float, bool, str, type(None)):
-                setattr(created, pair[0], pair[1])
-        return created
-
-
-def restore(original: Any, new: Any) -> None:
-    """Give ``original`` (the check's object) the state ``new`` the learner's call left its copy in."""
-    kind = type(original)
-    if wire.is_mutable_kind(original) and kind.__name__ == "Tensor":
-        if type(new) is kind and new.dtype == original.dtype and new.shape == original.shape:
-            original.copy_(new)
-        elif type(new) is kind:
-            original.data = new
-        return
-    if kind is list and type(new) is list:
-        original[:] = new
-    elif kind is dict and type(new) is dict:
-        original.clear()
-        original.update(new)
-    elif kind is set and type(new) is set:
-        original.clear()
-        original.update(new)
-    elif kind.__name__ == "deque" and type(new) is kind:
-        original.clear()
-        original.extend(new)
-    elif kind is type(new) and kind.__module__.startswith("paged_kv_lib"):
-        names = set(wire._slot_names(kind)) | set(getattr(original, "__dict__", {}))
-        for name in names:
-            if hasattr(original, name) and not hasattr(new, name):
-                object.__delattr__(original, name)
-        for name in set(wire._slot_names(kind)) | set(getattr(new, "__dict__", {})):
-            if not hasattr(new, name):
-                continue
-            value = getattr(new, name)
-            old = getattr(original, name, None)
-            if old is not None and type(old) is type(value) and (wire.is_mutable_kind(old)):
-                restore(old, value)
-            else:
-                object.__setattr__(original, name, value)
-
-
-class Remote:
-    """A learner's object that stays in the kernel: calls, attribute reads and builtins are forwarded."""
-
-    __slots__ = ("_caller", "_key", "_kind")
-
-    def __init__(self, caller: Caller, key: int, kind: str) -> None:
-        object.__setattr__(self, "_caller", caller)
-        object.__setattr__(self, "_key", key)
-        object.__setattr__(self, "_kind", kind)
-
-    def _ask(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        caller = object.__getattribute__(self, "_caller")
-        return caller.request(op, ("handle", object.__getattribute__(self, "_key")), args, kwargs)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._ask("call", *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return self._ask("getattr", name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self._ask("setattr", name, value)
-
-    def _builtin(self, name: str, *args: Any) -> Any:
-        return self._ask("builtin", name, *args)
-
-    def __len__(self) -> int:
-        value = self._builtin("len")
-        if type(value) is not int:
-            raise TypeError("len() of the learner's object did not give an int")
-        return value
-
-    def __bool__(self) -> bool:
-        value = self._builtin("bool")
-        if type(value) is not bool:
-            raise TypeError("bool() of the learner's object did not give a bool")
-        return value
-
-    def __repr__(self) -> str:
-        value = self._builtin("repr")
-        return value[:2000] if type(value) is str else f"<{object.__getattribute__(self, '_kind')}>"
-
-    def __str__(self) -> str:
-        value = self._builtin("str")
-        return value[:2000] if type(value) is str else repr(self)
-
-    def __iter__(self) -> Any:
-        value = self._builtin("list")
-        if type(value) is not list:
-            raise TypeError("iterating the learner's object did not give values")
-        return iter(value)
-
-    def __contains__(self, item: Any) -> bool:
-        return self._builtin("contains", item) is True
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._builtin("getitem", key)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._builtin("setitem", key, value)
-
-    def __delitem__(self, key: Any) -> None:
-        self._builtin("delitem", key)
-
-    def __eq__(self, other: Any) -> bool:
-        # Identity only: an object that stays in the kernel never equals the grader's data, whatever
-        # its own __eq__ claims (an "int equal to everything" arrives here as such an object).
-        return type(other) is Remote and object.__getattribute__(other, "_key") == object.__getattribute__(self, "_key")
-
-    def __ne__(self, other: Any) -> bool:
-        return not self.__eq__(other)
-
-    def __hash__(self) -> int:
-        return hash(("remote", object.__getattribute__(self, "_key")))
-
-
-# ---------------------------------------------------------------------------------------
-# Check cells
-
-
-@dataclass(frozen=True)
-class CheckCall:
-    """A parsed check cell: the check function's module and name, and its arguments."""
-
-    module: str
-    function: str
-    args: Tuple[Tuple[str, Any], ...]  # ("name", global) or ("value", literal)
-    kwargs: Tuple[Tuple[str, Tuple[str, Any]], ...]
-
-
-def imported_names(sources: List[str]) -> Dict[str, Tuple[str, str]]:
-    """``name -> (module, attribute)`` for every ``from M import a [as b]`` in trusted cells."""
-    names: Dict[str, Tuple[str, str]] = {}
-    for source in sources:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    if alias.name != "*":
-                        names[alias.asname or alias.name] = (node.module, alias.name)
-    return names
-
-
-def parse_check_cell(source: str, known: Dict[str, Tuple[str, str]]) -> CheckCall:
-    """The one call of a check cell; imports allowed before it. Raises :class:`CheckCellError`."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise CheckCellError(f"the check cell is not valid Python: {exc}") from None
-    known = dict(known)
-    known.update(imported_names([source]))
-    calls = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))]
-    if len(calls) != 1 or not isinstance(calls[0], ast.Expr) or not isinstance(calls[0].value, ast.Call):
-        raise CheckCellError("a check cell must be imports plus one call check_x(...)")
-    call = calls[0].value
-    if not isinstance(call.func, ast.Name) or call.func.id not in known:
-        raise CheckCellError("the check cell calls a function that no 'from ... import' names")
-    module, function = known[call.func.id]
-
-    def argument(node: ast.AST) -> Tuple[str, Any]:
-        if isinstance(node, ast.Name):
-            return ("name", node.id)
-        try:
-            return ("value", ast.literal_eval(node))
-        except ValueError:
-            raise CheckCellError(f"check argument {ast.unparse(node)!r} is neither a name nor a literal") from None
-
-    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        raise CheckCellError("check calls take plain arguments")
-    return CheckCall(module, function, tuple(argument(a) for a in call.args),
-                     tuple((str(k.arg), argument(k.value)) for k in call.keywords))
-
-
 def run_check(check: CheckCall, session: Session, timeout: float) -> Tuple[bool, str, str]:
     """Run one check against the learner's kernel: (passed, first line, detail)."""
     try:
@@ -459,13 +175,6 @@ def _alarm(signum: int, frame: Any) -> None:
     raise JudgeAbort("timed out (the check itself ran too long)")
 
 
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
-
-
 # ---------------------------------------------------------------------------------------
 # A whole notebook
 
@@ -493,6 +202,7 @@ def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
     tell({"cell": -1, "limit": STARTUP_TIMEOUT_S + 60})
     session = Session(spec, mode)
     _preload_checks(cells, known)
+    _load_hidden_cases(cells)
     try:
         try:
             session.request(("ping",), timeout=STARTUP_TIMEOUT_S)
@@ -567,6 +277,19 @@ def _preload_checks(cells: List[Dict[str, Any]], known: Dict[str, Tuple[str, str
     threading.Thread(target=load, name="preload-checks", daemon=True).start()
 
 
+def _load_hidden_cases(cells: List[Dict[str, Any]]) -> None:
+    """Load the hidden-case files the job's hidden check cells import (while the kernel starts); a file
+    that does not load fails its cases' cells with the import error."""
+    from . import hidden
+
+    for cell in cells:
+        if cell.get("hidden") and isinstance(cell.get("module"), str) and isinstance(cell.get("path"), str):
+            try:
+                hidden.load_module(cell["module"], cell["path"])
+            except Exception:  # noqa: BLE001 - reported by the case's cell when it runs
+                pass
+
+
 def _clean(text: str) -> str:
     return "".join(ch for ch in text if ch == "\n" or ch == "\t" or ch.isprintable())[:4000]
 
@@ -593,8 +316,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # Run the module by its own name, not as __main__, so its classes (Remote above all) carry the module
-    # name the checks and the probe recognise them by.
+    # Run the module by its own name, not as __main__, so its classes carry their module's name.
     from paged_kv_lib.grading import judge as _judge
 
     sys.exit(_judge.main())

@@ -56,6 +56,13 @@ class Task:
     solution_cell: int
     check_cells: Tuple[int, ...]
     kind: str = ""
+    check_points: Tuple[float, ...] = ()  # one entry per check cell, summing to ``points``
+
+    def points_of_check(self, position: int) -> float:
+        """The points the ``position``-th check cell of this task awards on its own."""
+        if position < len(self.check_points):
+            return self.check_points[position]
+        return self.points if len(self.check_cells) <= 1 else 0
 
 
 def not_implemented_line(task: str) -> str:
@@ -141,6 +148,33 @@ def cell_points(cell: NotebookNode) -> float:
     return points if isinstance(points, (int, float)) and not isinstance(points, bool) else DEFAULT_POINTS
 
 
+def declared_check_points(cell: NotebookNode) -> Optional[float]:
+    """The ``points`` a check cell declares in its metadata, or None when it declares none (or no number)."""
+    points = (cell_meta(cell) or {}).get("points")
+    return points if isinstance(points, (int, float)) and not isinstance(points, bool) else None
+
+
+def split_points(total: float, declared: List[Optional[float]]) -> Tuple[float, ...]:
+    """Each check cell's share of a task's ``total`` points: what a cell declares, and the rest shared
+    evenly among the cells that declare nothing (whole points where the rest is whole, the remainder to
+    the first of them), so a notebook without per-check points stays valid. One cell gets the total."""
+    if len(declared) <= 1:
+        return tuple(float(total) for _ in declared)
+    rest = max(0.0, float(total) - sum(p for p in declared if p is not None))
+    open_cells = [i for i, p in enumerate(declared) if p is None]
+    shares = [float(p) if p is not None else 0.0 for p in declared]
+    if open_cells:
+        if rest.is_integer():
+            each, extra = divmod(int(rest), len(open_cells))
+            for i in open_cells:
+                shares[i] = float(each)
+            shares[open_cells[0]] += extra
+        else:
+            for i in open_cells:
+                shares[i] = rest / len(open_cells)
+    return tuple(shares)
+
+
 def cell_kind(cell: NotebookNode) -> str:
     """The ``kind`` of a solution cell ('' when missing or not a string)."""
     kind = (cell_meta(cell) or {}).get("kind")
@@ -185,7 +219,8 @@ def find_tasks(nb: NotebookNode) -> Dict[str, Task]:
         else:
             checks.setdefault(task, []).append(index)
     return {
-        task: Task(task, points, index, tuple(checks.get(task, ())), cell_kind(nb.cells[index]))
+        task: Task(task, points, index, tuple(checks.get(task, ())), cell_kind(nb.cells[index]),
+                   split_points(points, [declared_check_points(nb.cells[i]) for i in checks.get(task, ())]))
         for task, (index, points) in solutions.items()
     }
 

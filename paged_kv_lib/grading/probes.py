@@ -55,7 +55,9 @@ def attribute_entries_alias(obj: Any, attribute: str, key_a: Any, key_b: Any) ->
 def _triton_report(launcher: str, *args: Any) -> Any:
     """``("ok", value)`` from ``triton_skeleton.<launcher>(*args)``, or ``("raised", type name, message)``:
     a learner's Triton code that raises (an untouched task, a compile error) is reported, never raised."""
-    if any(type(a).__name__ == "Remote" and "_key" in getattr(type(a), "__slots__", ()) for a in args):
+    from paged_kv_lib.stand_in import is_stand_in  # absolute: the kernel loads this file by its path
+
+    if any(is_stand_in(a) for a in args):
         # A proxy of a kernel object reached this process: the judge ran the probe here, not in the kernel.
         return ("raised", "RuntimeError", "the grader cannot launch a Triton kernel from outside the learner's "
                 "kernel: this check needs the judge to run its probe there")

@@ -6,7 +6,8 @@ from the solutions, so they cannot be stale), a pristine copy of each learner ve
 the library, the docs and the files that install it, and the class's CI: a workflow that
 runs ``make check`` on every push and GitHub Classroom's autograding (one test per task,
 see :mod:`.classroom`). It leaves out ``exercises/solutions/``, ``tests/`` (whose
-planted-solution tests hold working answers) and the instructors' guide, ships the
+planted-solution tests hold working answers), ``exercises/hidden/`` (the hidden cases of official
+grading) and the instructors' guide, ships the
 starter classes only of exercises before ``--assignment NN`` (a starter holds the answer
 of its exercise), and refuses to finish if any released notebook still holds a solution
 region.
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
+from .hidden import HIDDEN_DIR
 from .notebook_tasks import BEGIN_MARKER, END_MARKER
 
 # What a learner's course is made of, relative to the course folder.
@@ -54,7 +56,7 @@ def _ignorer(course: Path, assignment: Optional[int]) -> Callable[[str, List[str
         skip = [n for n in names if n in _SKIP_NAMES or n.endswith((".pyc", ".egg-info"))]
         skip += [n for n in names if (here / n) in withheld]
         if here.name == "exercises":
-            skip += [n for n in names if n in ("solutions", PRISTINE_DIR)]
+            skip += [n for n in names if n in ("solutions", PRISTINE_DIR, HIDDEN_DIR)]
         if here == starters:
             skip += [n for n in names if not starter_released(n, assignment)]
         return skip
@@ -108,8 +110,9 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
                  or END_MARKER in p.read_text(encoding="utf-8")]
         if leaks:
             raise ReleaseError(f"{leaks[0].relative_to(staging)} still holds a solution region; not released")
-        if (staging / "exercises" / "solutions").exists():
-            raise ReleaseError("exercises/solutions/ would be released")
+        for withheld in ("solutions", HIDDEN_DIR):
+            if (staging / "exercises" / withheld).exists():
+                raise ReleaseError(f"exercises/{withheld}/ would be released")
         write_workflows(staging)
         if out.exists():
             out.rmdir()

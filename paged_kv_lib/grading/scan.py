@@ -294,4 +294,6 @@ def zero_reported(results: Sequence[Any], lines: Mapping[str, List[str]]) -> Lis
         found = lines.get(result.task)
         if found:
             result.passed, result.failure, result.detail = False, found[0], "\n".join(found)
+            for check in getattr(result, "checks", []):
+                check.passed = False  # no partial credit either
     return list(results)

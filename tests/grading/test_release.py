@@ -15,7 +15,7 @@ from paged_kv_lib import cli
 from paged_kv_lib.grading import release
 from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "grading"
 POINTS = {"90.1": 2, "90.2": 1, "90.3": 3}
 SOLVED = {
@@ -138,7 +138,8 @@ def test_releasing_this_course_leaves_out_every_solution(tmp_path):
     files = release.build_release(REPO, out)
     names = {p.relative_to(out).as_posix() for p in files}
     assert any(n.startswith("lessons/") for n in names) and "README.md" in names
-    assert not any(n.startswith(("exercises/solutions/", "tests/")) for n in names)
+    assert not any(n.startswith(("exercises/solutions/", "exercises/hidden/", "tests/")) for n in names)
+    assert (REPO / "exercises" / "hidden").is_dir(), "the course keeps hidden cases, and the release leaves them out"
     solutions = sorted((REPO / "exercises" / "solutions").glob("[0-9][0-9]_*.ipynb"))
     for path in solutions:
         assert (out / "exercises" / path.name).is_file() and (out / "exercises" / "pristine" / path.name).is_file()

@@ -14,6 +14,7 @@ import pytest
 
 from paged_kv_lib import cli
 from paged_kv_lib.grading import gradescope
+from paged_kv_lib.grading.notebook_tasks import split_points
 
 from test_release import FIXTURES, POINTS, demo_course, solved
 
@@ -73,9 +74,11 @@ def test_run_autograder_writes_one_test_per_task_summing_to_the_score(tmp_path):
     tests = {t["name"]: t for t in results["tests"]}
     assert set(tests) == {f"task {t}" for t in POINTS}
     assert {t: tests[f"task {t}"]["max_score"] for t in POINTS} == POINTS
-    assert tests["task 90.1"]["score"] == 2 and tests["task 90.3"]["score"] == 0
+    zero_share = split_points(POINTS["90.3"], [None, None])[1]  # check_blocks_zero passes: partial credit
+    assert tests["task 90.1"]["score"] == 2 and tests["task 90.3"]["score"] == zero_share
     assert "expected" in tests["task 90.3"]["output"], "the full feedback is the test's output"
-    assert results["score"] == sum(t["score"] for t in results["tests"]) == 3
+    assert f"check_blocks_zero: {zero_share:g}/{zero_share:g} pass" in tests["task 90.3"]["output"], "each check's points are shown"
+    assert results["score"] == sum(t["score"] for t in results["tests"]) == 3 + zero_share
 
 
 def test_a_submission_without_the_notebook_gets_one_line_and_no_score(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from paged_kv_lib.errors import OutOfBlocksError
-from paged_kv_lib.grading import judge, stubs, wire
+from paged_kv_lib.grading import judge, stubs, wire, wire_decode
 
 MIB = 1024 * 1024
 LOAD_SLACK = 2  # the target is 2 s; this machine is shared, so the test allows twice that
@@ -27,7 +27,7 @@ LOAD_SLACK = 2  # the target is 2 s; this machine is shared, so the test allows 
 def roundtrip(value: Any) -> Any:
     encoder = wire.Encoder({})
     payload = encoder.reply(encoder.encode(value))
-    return wire.decode_reply(payload, lambda key, kind: ("handle", key, kind))
+    return wire_decode.decode_reply(payload, lambda key, kind: ("handle", key, kind))
 
 
 def reply_of(document: Any, blobs: List[bytes] = ()) -> bytes:  # type: ignore[assignment]
@@ -74,7 +74,7 @@ def test_what_is_not_data_stays_in_the_kernel_behind_a_handle():
 ])
 def test_a_reply_that_names_a_class_it_may_not_is_refused(document):
     with pytest.raises(wire.WireError):
-        wire.decode_reply(reply_of(document), lambda key, kind: None)
+        wire_decode.decode_reply(reply_of(document), lambda key, kind: None)
 
 
 def test_an_old_style_pickle_is_not_read_at_all():
@@ -130,7 +130,7 @@ def test_a_one_mib_reply_of_any_shape_is_cheap_or_refused_in_one_line(shape):
 
     def decode() -> str:
         try:
-            wire.decode_reply(payload, lambda key, kind: None)
+            wire_decode.decode_reply(payload, lambda key, kind: None)
             return "decoded"
         except wire.WireError as exc:
             return str(exc)
@@ -150,12 +150,12 @@ def test_a_one_mib_reply_of_any_shape_is_cheap_or_refused_in_one_line(shape):
 
 def test_a_tensor_must_match_its_bytes_and_is_read_without_a_copy():
     good = reply_of({"T": ["float32", [2, 2], 0]}, [torch.arange(4, dtype=torch.float32).numpy().tobytes()])
-    got = wire.decode_reply(good, lambda key, kind: None)
+    got = wire_decode.decode_reply(good, lambda key, kind: None)
     assert got.tolist() == [[0, 1], [2, 3]]
     for bad in ({"T": ["float32", [3], 0]}, {"T": ["float32", [-1], 0]}, {"T": ["float32", [1], 5]},
                 {"T": ["Tensor", [1], 0]}, {"T": ["float32", [2 ** 40, 2 ** 40], 0]}):
         with pytest.raises(wire.WireError):
-            wire.decode_reply(reply_of(bad, [b"\x00" * 8]), lambda key, kind: None)
+            wire_decode.decode_reply(reply_of(bad, [b"\x00" * 8]), lambda key, kind: None)
 
 
 def test_a_reply_over_the_size_limit_is_skipped_and_the_next_one_is_read():
@@ -166,7 +166,7 @@ def test_a_reply_over_the_size_limit_is_skipped_and_the_next_one_is_read():
         with pytest.raises(wire.OversizeError) as caught:
             wire.receive(read_fd, limit=1000)
         assert "3000 bytes" in str(caught.value) and "\n" not in str(caught.value)
-        assert wire.decode_reply(wire.receive(read_fd, limit=1000), lambda k, n: None) == "next"
+        assert wire_decode.decode_reply(wire.receive(read_fd, limit=1000), lambda k, n: None) == "next"
     finally:
         os.close(read_fd)
         os.close(write_fd)
@@ -204,9 +204,9 @@ def test_a_use_of_a_stubbed_module_fails_the_check_with_its_own_line():
 
 
 def test_a_check_modules_own_spy_comes_back_but_no_grader_machinery():
-    got = wire.decode_reply(reply_of({"o": ["paged_kv_lib.course.instruments", "CountingList", []]}), lambda k, n: None)
+    got = wire_decode.decode_reply(reply_of({"o": ["paged_kv_lib.course.instruments", "CountingList", []]}), lambda k, n: None)
     assert type(got).__name__ == "CountingList"
     for module, name in (("paged_kv_lib.grading.judge", "Remote"), ("paged_kv_lib.grading.sandbox", "SandboxSpec"),
                          ("paged_kv_lib.grading.checks_06", "torch.Tensor")):
         with pytest.raises(wire.WireError):
-            wire.decode_reply(reply_of({"o": [module, name, []]}), lambda k, n: None)
+            wire_decode.decode_reply(reply_of({"o": [module, name, []]}), lambda k, n: None)

@@ -14,6 +14,7 @@ import yaml
 
 from paged_kv_lib import cli
 from paged_kv_lib.grading import classroom, release
+from paged_kv_lib.grading.notebook_tasks import split_points
 
 from test_release import FIXTURES, POINTS, REPO, demo_course, solved
 
@@ -47,10 +48,16 @@ def test_the_release_carries_a_check_workflow_and_classroom_autograding(released
     graded = yaml.safe_load((released / ".github" / "workflows" / "classroom.yml").read_text())
     steps = graded["jobs"]["run-autograding-tests"]["steps"]
     tests = [s for s in steps if s.get("uses", "").startswith("classroom-resources/autograding-command-grader")]
-    assert {s["with"]["test-name"]: s["with"]["max-score"] for s in tests} == {f"task {t}": p for t, p in POINTS.items()}
+    # 90.3 is judged by two check cells: a test per check cell, each with its share (partial credit)
+    shares = split_points(POINTS["90.3"], [None, None])
+    want = {f"task {t}": p for t, p in POINTS.items() if t != "90.3"}
+    want.update({f"task 90.3 check {n}": share for n, share in enumerate(shares, start=1)})
+    assert {s["with"]["test-name"]: s["with"]["max-score"] for s in tests} == want
+    assert sum(s["with"]["max-score"] for s in tests) == sum(POINTS.values())
     for step in tests:
-        task = step["with"]["test-name"].split()[1]
-        assert step["with"]["command"] == f".venv/bin/paged-kv grade exercises/90_demo.ipynb --task {task}"
+        name = step["with"]["test-name"].split()
+        extra = f" --check {name[3]}" if len(name) > 2 else ""
+        assert step["with"]["command"] == f".venv/bin/paged-kv grade exercises/90_demo.ipynb --task {name[1]}{extra}"
     (reporter,) = [s for s in steps if s.get("uses", "").startswith("classroom-resources/autograding-grading-reporter")]
     assert reporter["with"]["runners"].split(",") == [s["id"] for s in tests]
     assert set(reporter["env"]) == {s["id"].upper().replace("-", "_") + "_RESULTS" for s in tests}
@@ -64,6 +71,8 @@ def test_grade_task_exits_0_only_for_that_task(released, capsys, monkeypatch):
     nb.write_text(text)
     assert cli.main(["grade", str(nb), "--task", "90.1"]) == 0
     assert cli.main(["grade", str(nb), "--task", "90.3"]) == 1
+    assert cli.main(["grade", str(nb), "--task", "90.3", "--check", "1"]) == 1, "check_blocks fails a floor"
+    assert cli.main(["grade", str(nb), "--task", "90.3", "--check", "2"]) == 0, "check_blocks_zero passes it"
     assert cli.main(["grade", str(nb), "--task", "90.9"]) == 2
     assert "no such task (its tasks: 90.1, 90.2, 90.3)" in capsys.readouterr().err
 

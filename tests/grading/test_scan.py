@@ -16,7 +16,7 @@ import pytest
 from paged_kv_lib.grading import delegation, generate, scan
 from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "grading"
 
 FORBIDDEN = (

@@ -20,9 +20,10 @@ import pytest
 
 from paged_kv_lib import cli
 from paged_kv_lib.grading import batch, grader
-from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook
+from paged_kv_lib.grading.batch import fmt_points
+from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook, split_points
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grading"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "grading"
 PRISTINE = FIXTURES / "solutions"
 LEARNER = FIXTURES / "90_demo.ipynb"
 TIMEOUT = 5  # seconds per cell: the endless loops must cost little
@@ -361,9 +362,12 @@ def _expected_rows() -> Dict[str, list]:
     def rows(learner, results):
         return [
             [learner, "90_demo", task, str(points[task]), "1" if ok else "0",
-             str(points[task] if ok else 0), failure]
+             str(fmt_points(points[task] if ok else partial.get((learner, task), 0))), failure]
             for (task, (ok, failure)) in zip(points, results)
         ]
+
+    # ben's floor division fails check_blocks but passes check_blocks_zero: that check's share (partial credit)
+    partial = {("ben", "90.3"): split_points(points["90.3"], [None, None])[1]}
 
     invalid = "not a valid notebook: the file is not valid JSON (line 1, column 2: Expecting property name enclosed in double quotes)"
     return {
@@ -412,7 +416,8 @@ def test_batch_grades_a_class_into_exact_gradebook_rows(tmp_path, capsys):
         assert len(got) == len(wanted), (learner, got)
     assert len(body) == 15
     summary = {line.split()[0]: line.split()[2] for line in out.splitlines() if line.split()[:1] in (["ana"], ["ben"], ["cat"], ["dan"], ["eve"])}
-    assert summary == {"ana": "6/6", "ben": "1/6", "cat": "0/6", "dan": "0/6", "eve": "1/6"}
+    ben = fmt_points(1 + split_points(3, [None, None])[1])  # 90.2, and check_blocks_zero's share of 90.3
+    assert summary == {"ana": "6/6", "ben": f"{ben}/6", "cat": "0/6", "dan": "0/6", "eve": "1/6"}
 
 
 def test_importing_the_grading_package_pulls_in_no_widgets():

@@ -9,15 +9,19 @@ sandbox auto), and wants the planted task failed with the expected text in its f
 line or the check's full message. Checks that lose their bite between the kernel and the
 judge (identity, aliasing) fail here, not only in a notebook.
 
-To keep CI time down, files for *different* tasks of one exercise share a notebook and a
-grading run; a file whose expected line a batch does not show (a planted mistake can
-break a later task's cells) is graded again alone before it counts as a failure. Every
-graded task of every exercise must have at least one planted file.
+To keep CI time down, all files of one exercise share one notebook and one grading run
+(:func:`stacked`): after each task's own cells come copies of the task, one per planted file
+(its solution cell holding the file, then the task's check cells, under the task id
+``NN.(100k+i)``), each starting from the bindings the task's own solution cell started from,
+and after them the task's reference solution cell again, so later tasks build on the reference. A file whose expected line the shared run does not show
+(a planted mistake can break the cells after it) is graded again alone, spliced into the
+solution notebook, before it counts as a failure. Every graded task of every exercise must
+have at least one planted file.
 
 The folder is a parameter: the exercise authors own ``tests/exercises/planted/``;
 ``tests/fixtures/grading/planted_demo/`` holds the gate's own demo (90: the grader's demo
 exercise).
-Run: ``.venv/bin/python -m pytest -p no:randomly -p no:nbval -q -s tests/test_planted_through_grader.py``.
+Run: ``.venv/bin/python -m pytest -p no:randomly -p no:nbval -q -s tests/grading/test_planted_through_grader.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import copy
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -34,7 +38,7 @@ import pytest
 
 from paged_kv_lib.grading.notebook_tasks import find_tasks, read_notebook, write_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "exercises" / "solutions"
 PLANTED = ROOT / "tests" / "exercises" / "planted"
 FIXTURES = ROOT / "tests" / "fixtures" / "grading"
@@ -92,20 +96,80 @@ def read_planted(folder: Path) -> Tuple[Dict[str, List[Planted]], List[str]]:
     return found, problems
 
 
-def batches(files: Sequence[Planted]) -> List[List[Planted]]:
-    """Groups with at most one file per task, as few as the busiest task allows (its files in order)."""
-    by_task: Dict[str, List[Planted]] = {}
-    for planted in files:
-        by_task.setdefault(planted.task, []).append(planted)
-    rounds = max((len(v) for v in by_task.values()), default=0)
-    return [[v[i] for v in by_task.values() if i < len(v)] for i in range(rounds)]
-
-
 def solution_of(number: str, solutions: Path = SOLUTIONS) -> Path:
     found = sorted(solutions.glob(f"{number}_*.ipynb"))
     if len(found) != 1:
         raise FileNotFoundError(f"exercise {number}: expected one solution notebook in {solutions}, found {found}")
     return found[0]
+
+
+def copy_id(task: str, number: int) -> str:
+    """The task id of the ``number``-th copy of ``task`` in a stacked notebook (``02.1``, 3 -> ``02.103``)."""
+    exercise, k = task.split(".")
+    return f"{exercise}.{int(k) * 100 + number}"
+
+
+def _without_markers(source: str) -> str:
+    return "".join(line for line in source.splitlines(keepends=True)
+                   if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+
+
+def _save(names: Sequence[str], slot: str) -> str:
+    """A cell keeping the bindings of ``names`` as they are now (names not bound yet stay unbound)."""
+    return f"{slot} = {{n: globals()[n] for n in {sorted(names)!r} if n in globals()}}"
+
+
+def _restore(names: Sequence[str], slot: str) -> str:
+    """A cell giving ``names`` back the bindings :func:`_save` kept."""
+    return (f"for _n in {sorted(names)!r}:\n    globals().pop(_n, None)\n"
+            f"globals().update({slot})")
+
+
+def stacked(solution: nbformat.NotebookNode, files: Sequence[Planted]) -> Tuple[nbformat.NotebookNode, Dict[str, Planted]]:
+    """One notebook grading every file of an exercise (see the module's docstring), with no solution
+    markers left (it is its own pristine copy), and ``copy task id -> planted file``.
+
+    Each copy starts from the names the task defines as they were before the task's own solution
+    cell (a ``class MyAllocator(MyAllocator)`` builds on the earlier task, never on another copy),
+    and after the copies the task's reference solution runs again on that same base."""
+    from paged_kv_lib.grading.splice import _defined_names
+
+    nb = copy.deepcopy(solution)
+    tasks = find_tasks(nb)
+    by_task: Dict[str, List[Planted]] = {}
+    for planted in files:
+        by_task.setdefault(planted.task, []).append(planted)
+    last = {t.task: max((t.solution_cell, *t.check_cells)) for t in tasks.values()}
+    first = {t.solution_cell: t.task for t in tasks.values() if by_task.get(t.task)}
+    cells, copies = [], {}
+    for index, cell in enumerate(nb.cells):
+        if index in first:
+            names = sorted(_defined_names(cell.get("source", "")))
+            cells.append(nbformat.v4.new_code_cell(_save(names, f"_planted_base_{index}")))
+        cells.append(cell)
+        for task in (t for t, at in last.items() if at == index and by_task.get(t)):
+            spec = tasks[task]
+            reference = nb.cells[spec.solution_cell]
+            names = sorted(_defined_names(reference.get("source", "")))
+            restore = _restore(names, f"_planted_base_{spec.solution_cell}")
+            for number, planted in enumerate(by_task[task], start=1):
+                ident = copy_id(task, number)
+                copies[ident] = planted
+                cells.append(nbformat.v4.new_code_cell(restore))
+                for at in (spec.solution_cell, *spec.check_cells):
+                    twin = copy.deepcopy(nb.cells[at])
+                    twin.metadata["paged_kv"]["task"] = ident
+                    twin.pop("id", None)
+                    if at == spec.solution_cell:
+                        twin.source = planted.source
+                    cells.append(twin)
+            cells.append(nbformat.v4.new_code_cell(restore))  # then the reference again, for what follows
+            cells.append(nbformat.v4.new_code_cell(reference.source))
+    for number, cell in enumerate(cells):
+        cell.source = _without_markers(cell.get("source", ""))
+        cell["id"] = f"stacked-{number}"
+    nb.cells = cells
+    return nb, copies
 
 
 def spliced(solution: nbformat.NotebookNode, files: Sequence[Planted]) -> nbformat.NotebookNode:
@@ -144,7 +208,7 @@ def verdict(planted: Planted, outcomes: Dict[str, Outcome]) -> Optional[str]:
 
 def run_gate(files: Sequence[Planted], solution: Path, workdir: Path,
              grade: Grade = grade_with_grader) -> Tuple[List[str], int]:
-    """Grade ``files`` (one exercise) in batches, each unconfirmed file again alone; (problems, grading runs)."""
+    """Grade ``files`` (one exercise) in one stacked run, each unconfirmed file again alone; (problems, runs)."""
     nb = read_notebook(solution)
     known = set(find_tasks(nb))
     problems = [f"{p.path.name}: task {p.task} has no solution cell in {solution.name}" for p in files
@@ -161,14 +225,20 @@ def run_gate(files: Sequence[Planted], solution: Path, workdir: Path,
         write_notebook(spliced(nb, group), submission)
         return grade(submission, solution, folder / "work")
 
-    for number, group in enumerate(batches(files)):
-        outcomes = grade_group(group, f"batch{number}")
-        for planted in group:
-            if verdict(planted, outcomes) is None:
-                continue
-            alone = verdict(planted, grade_group([planted], f"alone-{planted.path.stem}"))
-            if alone is not None:
-                problems.append(f"{planted.path.name} (task {planted.task}): {alone}")
+    if not files:
+        return problems, runs
+    runs += 1
+    together, copies = stacked(nb, files)
+    submission = workdir / "stacked" / "learner" / solution.name
+    submission.parent.mkdir(parents=True)
+    write_notebook(together, submission)
+    outcomes = grade(submission, submission, workdir / "stacked" / "work")  # its own pristine copy
+    for ident, planted in copies.items():
+        if verdict(replace(planted, task=ident), outcomes) is None:
+            continue
+        alone = verdict(planted, grade_group([planted], f"alone-{planted.path.stem}"))
+        if alone is not None:
+            problems.append(f"{planted.path.name} (task {planted.task}): {alone}")
     return problems, runs
 
 
@@ -236,7 +306,18 @@ def test_the_demo_covers_its_exercise():
     found, problems = read_planted(DEMO)
     assert not problems, problems
     assert coverage_problems(found, [FIXTURES / "solutions" / "90_demo.ipynb"]) == []
-    assert [len(b) for b in batches(found["90"])] == [3, 1], "two files for 90.1: two batches"
+    solution = read_notebook(FIXTURES / "solutions" / "90_demo.ipynb")
+    together, copies = stacked(solution, found["90"])
+    assert sorted(copies) == ["90.101", "90.102", "90.201", "90.301"], "two files for 90.1: two copies of it"
+    tasks, original = find_tasks(together), find_tasks(solution)
+    for ident, planted in copies.items():
+        spec, twin = original[planted.task], tasks[ident]
+        assert together.cells[twin.solution_cell].source == planted.source
+        assert len(twin.check_cells) == len(spec.check_cells)
+        assert "globals().update(_planted_base_" in together.cells[twin.solution_cell - 1].source
+    reference_90_1 = together.cells[tasks["90.1"].solution_cell].source
+    assert [c.source for c in together.cells].count(reference_90_1) == 2, "the reference again after the copies"
+    assert not any("### BEGIN SOLUTION" in c.source for c in together.cells), "its own pristine copy"
 
 
 @pytest.mark.slow
@@ -267,8 +348,8 @@ def test_a_file_missing_from_its_batch_is_graded_alone_before_it_fails(tmp_path)
         nb = read_notebook(submission)
         planted = [t for t, spec in find_tasks(nb).items() if "# expect:" in nb.cells[spec.solution_cell].source]
         calls.append(len(planted))
-        if len(planted) > 1:  # in a batch, 90.2's planted mistake hides 90.3's line
-            return {"90.1": Outcome(False, "A"), "90.2": Outcome(False, "B"), "90.3": Outcome(False, "B")}
+        if len(planted) > 1:  # in the stacked run, 90.2's planted mistake hides 90.3's line
+            return {"90.101": Outcome(False, "A"), "90.201": Outcome(False, "B"), "90.301": Outcome(False, "B")}
         return {"90.1": Outcome(True, ""), "90.2": Outcome(True, ""), "90.3": Outcome(False, "C")}
 
     problems, runs = run_gate(files, FIXTURES / "solutions" / "90_demo.ipynb", tmp_path / "w", grade)

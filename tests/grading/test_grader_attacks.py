@@ -28,9 +28,9 @@ import nbformat
 import pytest
 
 from paged_kv_lib.grading import batch, grader, sandbox
-from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook
+from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook, split_points
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grading"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "grading"
 TIMEOUT = 10
 POINTS = {"90.1": 2, "90.2": 1, "90.3": 3}
 
@@ -188,7 +188,7 @@ def attacks(course: Path, gradebook: Path) -> Dict[str, Dict[str, str]]:
             "for target in (b'/home/learner', b'/opt/paged-kv', b'/'):\n"
             "    libc.umount2(target, 2)\n"
             "libc.mount(b'none', b'/', None, 32 | 16384, None)  # remount read-write\n"
-            f"checkout = {str(Path(__file__).resolve().parents[1])!r}\n"
+            f"checkout = {str(Path(__file__).resolve().parents[2])!r}\n"
             "caps = [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1]\n"
             "mounts = open('/proc/self/mountinfo').read()\n"
             f"seen = [p for p in (checkout + '/.git', checkout + '/tests', {str(solutions)!r}) if os.path.exists(p)]\n"
@@ -328,14 +328,15 @@ def test_a_class_with_every_attack_grades_the_honest_learners_unchanged(course, 
     for row in rows:
         scores.setdefault(row["learner"], {})[row["task"]] = int(row["earned"])
     assert scores["ana"] == POINTS
-    assert scores["bo"] == {"90.1": 2, "90.2": 0, "90.3": 0}
+    floor = {"90.1": 2, "90.2": 0, "90.3": split_points(POINTS["90.3"], [None, None])[1]}  # check_blocks_zero's share
+    assert scores["bo"] == floor
     assert scores["cy"] == {"90.1": 0, "90.2": 0, "90.3": 0}
     for name in attacks(course, gradebook):
         assert scores[f"x_{name}"] == {"90.1": 0, "90.2": 0, "90.3": 0}, (name, [r for r in rows if r["learner"] == f"x_{name}"])
     assert {p: p.read_bytes() for p in sub_before} == sub_before, "a submission was changed by another"
     assert fingerprint(course) == course_before
     # The same honest notebooks graded alone score the same.
-    for path, want in [(honest, POINTS), (partial, {"90.1": 2, "90.2": 0, "90.3": 0})]:
+    for path, want in [(honest, POINTS), (partial, floor)]:
         alone = grader.grade_notebook(path, course=course, cell_timeout=TIMEOUT)
         assert earned(alone) == want
 
@@ -358,17 +359,17 @@ class Sneaky(int):
 def test_a_reply_from_the_kernel_cannot_name_a_class():
     import pickle
 
-    from paged_kv_lib.grading import wire
+    from paged_kv_lib.grading import wire, wire_decode
 
     for value in (Sneaky(3), Path("/etc/passwd"), print):
         with pytest.raises(wire.WireError):
-            wire.decode_reply(pickle.dumps(value), lambda key, kind: None)
+            wire_decode.decode_reply(pickle.dumps(value), lambda key, kind: None)
     encoder = wire.Encoder({})
     plain = [1, (2, "x"), {"a": None}, {3}, {"o": "not a tag"}]
-    assert wire.decode_reply(encoder.reply(encoder.encode(plain)), lambda key, kind: None) == plain
+    assert wire_decode.decode_reply(encoder.reply(encoder.encode(plain)), lambda key, kind: None) == plain
     with pytest.raises(wire.WireError, match="not a class the grader rebuilds"):
-        wire.decode_reply(wire.pack_reply({"o": ["os", "system", []]}, []), lambda key, kind: None)
-    decoded = wire.decode_reply(encoder.reply(encoder.encode([Sneaky(3), True, 3])), lambda key, kind: ("handle", key))
+        wire_decode.decode_reply(wire.pack_reply({"o": ["os", "system", []]}, []), lambda key, kind: None)
+    decoded = wire_decode.decode_reply(encoder.reply(encoder.encode([Sneaky(3), True, 3])), lambda key, kind: ("handle", key))
     assert decoded[0][0] == "handle", "an int subclass is not an int"
 
 
@@ -377,7 +378,7 @@ def test_a_reply_from_the_kernel_cannot_name_a_class():
 def test_attacks_on_a_real_exercise_earn_nothing(tmp_path):
     """Exercise 02, as in the issue: replacing the course's check functions, an int equal to
     everything, and reading the solutions from the checkout."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     learner = repo / "exercises" / "02_blocks_and_block_tables.ipynb"
     if not learner.is_file():
         pytest.skip("no exercise 02")
