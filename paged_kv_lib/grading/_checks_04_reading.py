@@ -155,11 +155,32 @@ def check_gather_batch(my_gather_batch: Callable[..., torch.Tensor]) -> None:
 
 # --------------------------------------------------------------------------- 04.5 (debug)
 _NEGATIVE = ("a negative position was accepted: it is no token of the sequence, yet Python's negative "
-             "indexing quietly found a block for it; positions below 0 must raise ValueError")
+             "indexing quietly found a block for it")
+
+
+def _refusal_hint(position: int, num_tokens: int, capacity: int, block_size: int) -> str:
+    """Why ``position`` must be refused, in the words of the mistake that lets it through."""
+    if position < 0:
+        return _NEGATIVE
+    if position == num_tokens:
+        room = (f"; the slots past the tokens (the rest of the last block, a block reserved ahead) are room, not "
+                "tokens" if position < capacity else "")
+        return (f"off by one at the end: the sequence holds {num_tokens} tokens, so position {position} is the "
+                f"first that holds none{room}")
+    if position < capacity:
+        return (f"position {position} is an empty slot: the sequence holds {num_tokens} tokens, and the slots past "
+                f"them (the rest of the last block, a block reserved ahead: {capacity} slots in all) are room, not "
+                "tokens")
+    return f"position {position} is past the table's last block of {block_size} slots"
+
+
+def _read_call(cache: torch.Tensor, table: list, num_tokens: int, positions: list) -> str:
+    return (f"read_tokens(k_cache of shape {tuple(cache.shape)} ({cache.dtype}, NaN where no token was written), "
+            f"table={table}, num_tokens={num_tokens}, positions={positions})")
 
 
 def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
-    """Task 04.5 (debug): ``read_tokens(k_cache, table, positions)`` -> [len(positions), heads, dim]."""
+    """Task 04.5 (debug): ``read_tokens(k_cache, table, num_tokens, positions)`` -> [len(positions), heads, dim]."""
     gen = torch.Generator().manual_seed(45)
     rng = random.Random(45)
     heads, dim = 3, 2
@@ -180,31 +201,34 @@ def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
                 picks = [everything, everything[::-1], [rng.randrange(n) for _ in range(5)] if n else [], []]
                 for positions in picks:
                     want = stored[positions] if positions else torch.zeros(0, heads, dim, dtype=dtype)
-                    given = (cache.clone(), list(table), list(positions))
-                    call = (f"read_tokens(k_cache of shape {tuple(cache.shape)} ({dtype}), table={table}, "
-                            f"positions={positions})")
+                    given = (cache.clone(), list(table), n, list(positions))
+                    call = _read_call(cache, table, n, positions)
                     got = call_learner(read_tokens, given, call, f"a {dtype} tensor of shape {tuple(want.shape)}")
+                    if is_tensor(got) and got.dtype != dtype:
+                        raise fail(call, f"a {dtype} tensor of shape {tuple(want.shape)}", got,
+                                   f"the result is {got.dtype} and the cache holds {dtype}: the result is in the "
+                                   "cache's dtype (a tensor made without a dtype is float32)")
                     expect_tensor(call, got, dtype=dtype, shape=tuple(want.shape),
                                   hint="one [heads, dim] row per position asked for, in the cache's dtype")
                     if not _same_bits(given[0], cache):
                         raise fail(call + "  then k_cache", "k_cache unchanged", "changed",
                                    "reading must not write into the cache")
-                    unchanged(call, [given[1], given[2]], [table, positions], "table, positions")
+                    unchanged(call, [given[1], given[2], given[3]], [table, n, positions],
+                              "table, num_tokens, positions")
                     if _same_bits(got, want):
                         continue
                     slots = [table[p // bs] * bs + p % bs for p in positions]
-                    if heads > 1 and _same_bits(got, cache.reshape(-1, heads, dim)[slots]):
+                    if _same_bits(got, cache.reshape(-1, heads, dim)[slots]):
                         raise fail(call, want, got, _UNPERMUTED)
                     raise fail(call, want, got, "some rows are another token's vectors: compare them position "
                                                 "by position with the table")
                 capacity = len(table) * bs
-                for positions, hint in (
-                    ([-1], _NEGATIVE),
-                    ([0, -bs] if n else [-bs], _NEGATIVE),
-                    ([capacity], f"position {capacity} is the first one past the table's {len(table)} blocks of "
-                                 f"{bs}: it has no slot, so it must raise ValueError (look at where the bound is)"),
-                    ([capacity + bs], f"position {capacity + bs} is past the table's last block: raise ValueError"),
-                ):
-                    call = f"read_tokens(k_cache of shape {tuple(cache.shape)}, table={table}, positions={positions})"
-                    expect_raises(read_tokens, (cache.clone(), list(table), list(positions)), call, ValueError, hint)
+                for position in dict.fromkeys((-1, -bs, capacity + bs, capacity, n + 1, capacity - 1, n)):
+                    if 0 <= position < n:
+                        continue
+                    positions = [0, position] if n else [position]
+                    call = _read_call(cache, table, n, positions)
+                    expect_raises(read_tokens, (cache.clone(), list(table), n, positions), call, ValueError,
+                                  _refusal_hint(position, n, capacity, bs) + ": it holds no token, so it is refused "
+                                  "with a ValueError")
     passed("04.5")
