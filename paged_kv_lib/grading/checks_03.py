@@ -178,6 +178,12 @@ def _corruptions() -> List[Tuple[str, Callable[[Books], None]]]:
                              lambda b: b["lengths"].__setitem__(3, 9))),
         ("the free queue holds block id -1 in place of block 9", lambda b: b["free"].__setitem__(
             b["free"].index(9), -1)),
+        ("the free queue holds 9.0, a float, in place of block 9: a block id is an int", lambda b: b["free"].__setitem__(
+            b["free"].index(9), 9.0)),
+        ("the free queue holds True in place of block 1: a bool equals 1, yet it is no block id",
+         lambda b: b["free"].__setitem__(b["free"].index(1), True)),
+        ("sequence 3's table lists 5.0, a float, in place of block 5: a block id is an int",
+         lambda b: b["tables"][3].__setitem__(1, 5.0)),
         ("sequence 3's table lists block 5 twice (and block 5 counts 2 holders)",
          both(lambda b: b["tables"][3].append(5), set_count(5, 2), lambda b: b["lengths"].__setitem__(3, 9))),
         ("sequence 3's table lists block 4 twice (block 4 counts 1 holder: one table)",
