@@ -9,9 +9,16 @@ from typing import Callable, Dict
 
 import torch
 
+from ..allocator import PagedKVCacheAllocator
 from ..cache_ops import gather_tokens
 from ._checks_04_pools import SWAPPED, blocks_for, pools, unchanged
 from ._common import call_learner, expect_raises, expect_tensor, fail, is_tensor, passed, show
+
+
+def _k_cache(alloc: PagedKVCacheAllocator) -> torch.Tensor:
+    """The K cache of an allocator made with ``cache=True`` (its tensors exist)."""
+    assert alloc.k_cache is not None, "a pool made with cache=True has tensors"
+    return alloc.k_cache
 
 
 # --------------------------------------------------------------------------- 04.4
@@ -96,12 +103,12 @@ def check_gather_batch(my_gather_batch: Callable[..., torch.Tensor]) -> None:
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for alloc in pools(heads, dim, dtype, cache=True):
             bs = alloc.block_size
-            alloc.k_cache.fill_(float("nan"))  # every slot no token wrote reads as NaN
+            cache = _k_cache(alloc)
+            cache.fill_(float("nan"))  # every slot no token wrote reads as NaN
             for seq in alloc.seq_ids:
                 n = alloc.get_num_tokens(seq)
                 alloc.write_kv(seq, range(n), torch.randn(n, heads, dim, generator=gen).to(dtype),
                                torch.randn(n, heads, dim, generator=gen).to(dtype))
-            cache = alloc.k_cache
             ids = list(alloc.seq_ids)
             for order in (ids, ids[::-1], rng.sample(ids, len(ids)), []):
                 longest_table = max((len(alloc.get_block_mapping(s)) for s in order), default=0)
@@ -187,12 +194,12 @@ def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         for alloc in pools(heads, dim, dtype, cache=True):
             bs = alloc.block_size
-            alloc.k_cache.fill_(float("nan"))
+            cache = _k_cache(alloc)
+            cache.fill_(float("nan"))
             for seq in alloc.seq_ids:
                 n = alloc.get_num_tokens(seq)
                 alloc.write_kv(seq, range(n), torch.randn(n, heads, dim, generator=gen).to(dtype),
                                torch.randn(n, heads, dim, generator=gen).to(dtype))
-            cache = alloc.k_cache
             for seq in alloc.seq_ids:
                 n = alloc.get_num_tokens(seq)
                 table = alloc.get_block_mapping(seq)
