@@ -170,7 +170,7 @@ def _refusal_hint(position: int, num_tokens: int, capacity: int, block_size: int
     if position < 0:
         return _NEGATIVE
     if position == num_tokens:
-        room = (f"; the slots past the tokens (the rest of the last block, a block reserved ahead) are room, not "
+        room = ("; the slots past the tokens (the rest of the last block, a block reserved ahead) are room, not "
                 "tokens" if position < capacity else "")
         return (f"off by one at the end: the sequence holds {num_tokens} tokens, so position {position} is the "
                 f"first that holds none{room}")
