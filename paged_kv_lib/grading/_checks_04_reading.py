@@ -5,14 +5,14 @@ wrote, so a read of padding or of an empty slot shows."""
 from __future__ import annotations
 
 import random
-from typing import Callable, Dict
+from typing import Any, Callable, Dict
 
 import torch
 
 from ..allocator import PagedKVCacheAllocator
 from ..cache_ops import gather_tokens
 from ._checks_04_pools import SWAPPED, blocks_for, pools, unchanged
-from ._common import call_learner, expect_raises, expect_tensor, fail, is_tensor, passed, show
+from ._common import CheckFailure, call_learner, expect_raises, expect_tensor, fail, is_tensor, not_written, passed, show
 
 
 def _k_cache(alloc: PagedKVCacheAllocator) -> torch.Tensor:
@@ -186,6 +186,23 @@ def _read_call(cache: torch.Tensor, table: list, num_tokens: int, positions: lis
             f"table={table}, num_tokens={num_tokens}, positions={positions})")
 
 
+def _refused(read_tokens: Callable[..., Any], args: tuple, call: str, accepted: str, position: int) -> None:
+    """The call must raise ValueError; ``accepted`` names the mistake when it returned, another error is named as such."""
+    try:
+        got = read_tokens(*args)
+    except CheckFailure:
+        raise
+    except NotImplementedError as exc:
+        raise not_written(exc) from None
+    except ValueError:
+        return
+    except Exception as exc:
+        raise fail(call, "a ValueError", f"it raised {type(exc).__name__}: {exc}",
+                   f"position {position} holds no token and was refused, but with a {type(exc).__name__}: that is "
+                   "what indexing past a list or a tensor raises, not the contract's refusal (a ValueError)") from None
+    raise fail(call, "a ValueError", f"it returned {show(got)}", f"{accepted}: it holds no token, so it is refused")
+
+
 def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
     """Task 04.5 (debug): ``read_tokens(k_cache, table, num_tokens, positions)`` -> [len(positions), heads, dim]."""
     gen = torch.Generator().manual_seed(45)
@@ -235,7 +252,6 @@ def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
                         continue
                     positions = [0, position] if n else [position]
                     call = _read_call(cache, table, n, positions)
-                    expect_raises(read_tokens, (cache.clone(), list(table), n, positions), call, ValueError,
-                                  _refusal_hint(position, n, capacity, bs) + ": it holds no token, so it is refused "
-                                  "with a ValueError")
+                    _refused(read_tokens, (cache.clone(), list(table), n, positions), call,
+                             _refusal_hint(position, n, capacity, bs), position)
     passed("04.5")
