@@ -1,5 +1,4 @@
 # expect: a negative position was accepted
-import torch
 
 
 def read_tokens(k_cache, table, num_tokens, positions):
