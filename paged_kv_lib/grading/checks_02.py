@@ -3,33 +3,25 @@
 * 02.1 a pool and its first sequences: ``MyAllocator(num_blocks, block_size)``, ``num_free_blocks``,
   ``allocate_for_sequence``, ``get_block_mapping``; typed refusals that change nothing;
 * 02.2 growing by a block and giving back: ``append_block_to_sequence``, ``free_sequence``;
-* 02.3 which block holds a token: ``block_of(seq_id, position)``.
+* 02.3 a batch admitted whole or not at all: ``allocate_batch(requests)``.
 
 Expected values come from the library's ``PagedKVCacheAllocator`` driven through the same calls,
-never from stored answers. Scripted cases name the usual mistakes; the differential check
-(:func:`paged_kv_lib.conformance.check_allocator`) then drives the class with random calls.
-Identity questions (is this list the allocator's own?) go through :func:`._common.run_probe`, so
-the grader asks them where the learner's objects live.
+never from stored answers. Scripted cases (:mod:`._checks_02_script`) name the usual mistakes; the
+differential check (:func:`paged_kv_lib.conformance.check_allocator`) then drives the class with
+random calls. Identity questions (is this list the allocator's own?) go through
+:func:`._common.run_probe`, so the grader asks them where the learner's objects live.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple, Type, Union
+import copy
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..allocator import PagedKVCacheAllocator
+from ..block import cdiv
 from . import probes
-from ._common import (
-    CheckFailure,
-    call_learner,
-    expect_equal,
-    fail,
-    is_int,
-    not_written,
-    passed,
-    run_probe,
-    show,
-)
+from ._checks_02_script import UNKNOWN_ID, Script, library, library_state, run_differential, tasks_written
+from ._common import fail, is_int, not_written, passed, run_probe
 
 #: What exercise 02 grades lives in these modules; while it is graded the learner's kernel cannot use them.
 FORBIDDEN: Tuple[str, ...] = (
@@ -48,148 +40,12 @@ FORBIDDEN: Tuple[str, ...] = (
     "paged_kv_lib.course.starters",
 )
 
-Errors = Union[Type[BaseException], Tuple[Type[BaseException], ...]]
-UNKNOWN_ID = "an unknown sequence id is a ValueError (a KeyError from your dict is not)"
-
-
-def _library(num_blocks: int, block_size: int) -> PagedKVCacheAllocator:
-    return PagedKVCacheAllocator(num_blocks, block_size, 1, 1, allocate_cache=False, enable_prefix_caching=False)
-
-
-def library_state(alloc: PagedKVCacheAllocator) -> Dict[str, Any]:
-    """A library allocator's books under the names "your allocator" uses (plain values)."""
-    return {
-        "free": list(alloc.free_blocks),
-        "ref_counts": [b.ref_count for b in alloc.blocks],
-        "tables": {s: alloc.get_block_mapping(s) for s in alloc.seq_ids},
-        "lengths": {s: alloc.get_num_tokens(s) for s in alloc.seq_ids},
-    }
-
-
-# --------------------------------------------------------------------------- a scripted run
-class Script:
-    """Calls on one learner allocator, recorded as code, so that a failure says how to get there."""
-
-    def __init__(self, cls: Any, num_blocks: int, block_size: int, name: str = "MyAllocator") -> None:
-        self.lines = [f"a = {name}({num_blocks}, {block_size})"]
-        self.obj = call_learner(cls, (num_blocks, block_size), self.lines[0], "an allocator")
-
-    def where(self) -> str:
-        return "; ".join(self.lines)
-
-    def call(self, method: str, *args: Any, expected: Any = None, hint: str = "") -> Any:
-        self.lines.append(f"a.{method}({', '.join(map(repr, args))})")
-        fn = self.attribute(method)
-        if not hint:
-            return call_learner(fn, args, self.where(), expected)
-        try:
-            return fn(*args)
-        except CheckFailure:
-            raise
-        except NotImplementedError as exc:
-            raise not_written(exc) from None
-        except Exception as exc:
-            raise fail(self.where(), "no error" if expected is None else expected,
-                       f"it raised {type(exc).__name__}: {exc}", hint) from None
-
-    def attribute(self, name: str) -> Any:
-        try:
-            return getattr(self.obj, name)
-        except NotImplementedError as exc:
-            raise not_written(exc) from None
-        except AttributeError:
-            raise fail(f"{self.where()}  then a.{name}", f"the attribute or method {name}", "no such attribute",
-                       f"keep the state and the method names the contract gives (a.{name}): later exercises "
-                       "build on them") from None
-        except CheckFailure:
-            raise
-        except Exception as exc:  # the learner's property raised
-            raise fail(f"{self.where()}  then a.{name}", "a value", f"it raised {type(exc).__name__}: {exc}",
-                       "reading this attribute must not raise") from None
-
-    def refused(self, method: str, args: Tuple[Any, ...], errors: Errors, *, accepted: str, other: str = "") -> None:
-        """The call must raise one of ``errors``; ``accepted`` names the mistake when it returned instead."""
-        call = f"{self.where()}; a.{method}({', '.join(map(repr, args))})"
-        names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
-        fn = self.attribute(method)
-        try:
-            got = fn(*args)
-        except CheckFailure:
-            raise
-        except NotImplementedError as exc:
-            raise not_written(exc) from None
-        except errors:
-            self.lines.append(f"a.{method}({', '.join(map(repr, args))})  # refused")
-            return
-        except Exception as exc:
-            raise fail(call, f"a {names}", f"it raised {type(exc).__name__}: {exc}",
-                       other or f"{accepted} (you raised {type(exc).__name__}: the contract's error here is a "
-                                f"{names})") from None
-        raise fail(call, f"a {names}", f"it returned {show(got)}", accepted)
-
-    def free_count(self, want: int, hint: str) -> None:
-        got = self.attribute("num_free_blocks")
-        where = f"{self.where()}  then a.num_free_blocks"
-        if callable(got):
-            raise fail(where, want, "a method", "num_free_blocks is read without calling it: make it an attribute "
-                                                "or a @property")
-        if not is_int(got):
-            raise fail(where, want, got, "num_free_blocks is an int")
-        expect_equal(where, want, got, hint)
-
-    def mapping(self, seq_id: int, want: List[int], hint: Union[str, Callable[[List[int]], str]]) -> None:
-        where = f"{self.where()}  then a.get_block_mapping({seq_id})"
-        got = call_learner(self.attribute("get_block_mapping"), (seq_id,), where, want)
-        if type(got) is not list or not all(is_int(b) for b in got):
-            raise fail(where, want, got, "get_block_mapping returns a list of int block ids")
-        if got != want:
-            raise fail(where, want, got, hint(got) if callable(hint) else hint)
-
-    def state(self, want: Dict[str, Any], hint: str) -> None:
-        """Compare the pinned attributes (``free`` as a deque, head first) with ``want``."""
-        for name, value in want.items():
-            got = self.attribute(name)
-            where = f"{self.where()}  then a.{name}"
-            if name == "free":
-                if type(got) is not deque:
-                    raise fail(f"{self.where()}  then type(a.free)", "collections.deque", type(got).__name__,
-                               "keep the free queue in a collections.deque (its head is handed out next)")
-                got = list(got)
-            expect_equal(where, value, got, hint.format(name=name))
-
-    def snapshot(self) -> Dict[str, Any]:
-        out = {}
-        for name in ("free", "ref_counts", "tables", "lengths"):
-            value = self.attribute(name)
-            out[name] = list(value) if type(value) is deque else value
-        return out
-
-
-def tasks_written(cls: Any, task: str, calls: Sequence[Tuple[str, Tuple[Any, ...]]]) -> None:
-    """Raise "task NN.k is not written yet" when a method of ``task`` still raises NotImplementedError.
-
-    Each method is called unbound with ``self=None``: an unwritten one raises at once, a written
-    one fails on ``None`` (ignored). So a task is reported as unwritten by its own check even when
-    an earlier task, which the check also needs, is unwritten too.
-    """
-    for method, args in calls:
-        try:
-            fn = getattr(cls, method)
-        except Exception:  # noqa: BLE001 - a missing method is reported when it is used
-            continue
-        try:
-            fn(None, *args)
-        except NotImplementedError as exc:
-            raise not_written(exc) from None
-        except Exception:  # noqa: BLE001 - written code failing on self=None: expected
-            pass
-
 
 # --------------------------------------------------------------------------- 02.1
 def _count_hint(tokens: int, block_size: int) -> Callable[[List[int]], str]:
     """Name the usual wrong block count behind a wrong mapping."""
     def hint(got: List[int]) -> str:
-        want = -(-tokens // block_size)
+        want = cdiv(tokens, block_size)
         if len(got) == want:
             return "the blocks come from the head of the free queue, in its order"
         if tokens > 2**53:
@@ -210,7 +66,7 @@ def check_allocate_02(MyAllocator: Any) -> None:
     a.free_count(8, "a new pool has every block free")
     a.state({"free": list(range(8)), "ref_counts": [0] * 8, "tables": {}, "lengths": {}},
             "a new pool: every block free in id order, no holders, no sequences (a.{name})")
-    ref = _library(8, 4)
+    ref = library(8, 4)
     for seq_id, tokens in ((0, 10), (1, 8), (2, 0)):
         a.call("allocate_for_sequence", seq_id, tokens)
         ref.allocate_for_sequence(seq_id, tokens)
@@ -239,7 +95,7 @@ def check_allocate_02(MyAllocator: Any) -> None:
 
     # The mapping is a list of its own, and unknown ids are refused.
     if run_probe(probes.returned_value_is_held, a.obj, "get_block_mapping", (0,)):
-        raise fail(f"{a.where()}; m = a.get_block_mapping(0); m.append(7)  then a.get_block_mapping(0)",
+        raise fail(a.where("m = a.get_block_mapping(0)\n    m.append(7)\n    a.get_block_mapping(0)"),
                    want["tables"][0], want["tables"][0] + [7],
                    "get_block_mapping handed out your own list: the caller's edit changed your table")
     a.refused("get_block_mapping", (9,), ValueError, accepted="sequence 9 does not exist: a ValueError",
@@ -263,7 +119,7 @@ def check_allocate_02(MyAllocator: Any) -> None:
     # Other pools: blocks of 1 and of 5 slots, filled exactly.
     for block_size, prompts in ((1, (3, 2, 1)), (5, (5, 20, 1))):
         b = Script(MyAllocator, 6, block_size)
-        other = _library(6, block_size)
+        other = library(6, block_size)
         for seq_id, tokens in enumerate(prompts):
             b.call("allocate_for_sequence", seq_id, tokens)
             other.allocate_for_sequence(seq_id, tokens)
@@ -286,21 +142,6 @@ def check_allocate_02(MyAllocator: Any) -> None:
     passed("02.1")
 
 
-def run_differential(cls: Any, ops: Sequence[str], task: str, max_examples: int = 50, announce: bool = True) -> None:
-    """Run ``check_allocator`` on the operations built so far and turn its report into a check failure;
-    print the task's success line unless ``announce`` is false (a check with more to do after it)."""
-    from ..conformance.differential import check_allocator
-
-    try:
-        check_allocator(cls, ops=ops, max_examples=max_examples, name="MyAllocator")
-    except NotImplementedError as exc:
-        raise not_written(exc) from None
-    except AssertionError as exc:
-        raise CheckFailure(str(exc)) from None
-    if announce:
-        passed(task)
-
-
 def check_allocator_02(MyAllocator: Any) -> None:
     """Task 02.1, second check: random allocations and lookups beside the library's allocator."""
     run_differential(MyAllocator, ("allocate_for_sequence", "get_block_mapping"), "02.1")
@@ -311,7 +152,7 @@ def check_grow_and_free_02(MyAllocator: Any) -> None:
     """Task 02.2: ``append_block_to_sequence`` reserves a block ahead; ``free_sequence`` gives blocks back."""
     tasks_written(MyAllocator, "02.2", (("append_block_to_sequence", (0,)), ("free_sequence", (0,))))
     a = Script(MyAllocator, 6, 4)
-    ref = _library(6, 4)
+    ref = library(6, 4)
 
     def both(method: str, *args: Any) -> Any:
         getattr(ref, method)(*args)
@@ -352,7 +193,7 @@ def check_grow_and_free_02(MyAllocator: Any) -> None:
     queue = list(a.attribute("free"))
     want = library_state(ref)
     if queue == [0, 1, 2]:
-        raise fail(f"{a.where()}  then a.free", want["free"], queue,
+        raise fail(a.where("a.free"), want["free"], queue,
                    "the blocks went back in table order; the contract has them join the tail last block first")
     a.state(want, "after free_sequence, a.{name} is wrong: the sequence and its holds are gone, its blocks free")
     a.refused("get_block_mapping", (0,), ValueError, accepted="sequence 0 was freed: it is gone")
@@ -382,102 +223,107 @@ def check_allocator_02_free(MyAllocator: Any) -> None:
 
 
 # --------------------------------------------------------------------------- 02.3
-def lookup_scenarios() -> Iterator[Tuple[str, PagedKVCacheAllocator]]:
-    """Library allocators in varied states: scattered blocks, reserved empty blocks, empty sequences."""
-    a = _library(10, 4)
-    a.allocate_for_sequence(0, 10)
-    a.allocate_for_sequence(1, 5)
-    a.allocate_for_sequence(2, 7)
-    a.free_sequence(1)
-    a.append_tokens(0, 3)
-    a.allocate_for_sequence(3, 14)
-    yield "scattered blocks", a
-    b = _library(12, 4)
-    b.allocate_for_sequence(5, 8)
-    b.append_block_to_sequence(5)
-    b.allocate_for_sequence(6, 0)
-    b.allocate_for_sequence(7, 4)
-    b.allocate_for_sequence(8, 1)
-    b.append_block_to_sequence(6)
-    yield "blocks reserved ahead", b
-    c = _library(9, 1)
-    c.allocate_for_sequence(0, 3)
-    c.allocate_for_sequence(1, 2)
-    c.free_sequence(0)
-    c.allocate_for_sequence(2, 5)
-    yield "blocks of one slot", c
-    d = _library(8, 16)
-    d.allocate_for_sequence(0, 40)
-    d.allocate_for_sequence(1, 17)
-    d.free_sequence(0)
-    d.allocate_for_sequence(2, 33)
-    d.append_tokens(1, 15)
-    yield "blocks of 16 slots", d
+Request = Tuple[Any, Any]
 
 
-def _lookup_hint(table: List[int], position: int, block_size: int, got: Any) -> str:
-    """Name the usual wrong lookup behind a wrong block id."""
-    logical, offset = divmod(position, block_size)
-    if got == logical and got != table[logical]:
-        return (f"{got} is the logical block index of position {position}; the answer is the physical block the "
-                "table maps it to")
-    if offset < len(table) and got == table[offset] and offset != logical:
-        return (f"you returned the entry for logical block {offset}, which is the offset of position {position} "
-                f"inside its block; the logical block is a different part of the position")
-    for shift in (-1, 1):
-        if 0 <= logical + shift < len(table) and got == table[logical + shift]:
-            if offset == 0:
-                slot = "the first slot"
-            elif offset == block_size - 1:
-                slot = "the last slot"
-            else:
-                slot = f"slot {offset}"
-            return (f"off by one block: position {position} is {slot} of logical block {logical}, and you returned "
-                    f"the block of logical block {logical + shift}")
-    return "the physical block id comes from the sequence's table"
+def _builtin(exc: BaseException) -> type:
+    """The built-in error class the contract names for a library refusal."""
+    for kind in (TypeError, ValueError, RuntimeError):
+        if isinstance(exc, kind):
+            return kind
+    return type(exc)
 
 
-def check_block_of_02(MyAllocator: Any) -> None:
-    """Task 02.3: ``block_of(seq_id, position)``: the physical block holding a token, or a refusal."""
-    tasks_written(MyAllocator, "02.3", (("block_of", (0, 0)),))
-    for what, ref in lookup_scenarios():
-        bs = ref.block_size
-        a = Script(MyAllocator, ref.num_blocks, bs)
-        state = library_state(ref)
-        for name, value in state.items():
-            setattr(a.obj, name, deque(value) if name == "free" else value)
-        a.lines.append(f"a.free, a.ref_counts, a.tables, a.lengths = <{what}: {state['tables']}, lengths "
-                       f"{state['lengths']}>")
-        for seq_id, table in state["tables"].items():
-            length = state["lengths"][seq_id]
-            for position in range(length):
-                want = int(ref.slot_mapping(seq_id, [position])[0]) // bs
-                call = f"{a.where()}; a.block_of({seq_id}, {position})"
-                got = call_learner(a.attribute("block_of"), (seq_id, position), call, want)
-                if not is_int(got):
-                    raise fail(call, want, got, "return the physical block id, an int")
-                expect_equal(call, want, got, _lookup_hint(table, position, bs, got))
-            capacity = len(table) * bs
-            invalid = [-1, -bs, -capacity - 1, capacity - 1, length, capacity, capacity + bs]
-            for position in dict.fromkeys(p for p in invalid if not 0 <= p < length):
-                if position < 0:
-                    accepted = (f"position {position} is negative and was accepted: a negative list index quietly "
-                                "counts from the end of the table")
-                elif position == length:
-                    accepted = (f"off by one at the end: sequence {seq_id} holds {length} tokens, so position "
-                                f"{position} holds none")
-                elif position < capacity:
-                    accepted = (f"position {position} is an empty slot (the sequence holds {length} tokens in "
-                                f"{len(table)} blocks): the limit is the token count, not the room in the blocks")
-                else:
-                    accepted = f"position {position} lies past every block of sequence {seq_id}"
-                a.refused("block_of", (seq_id, position), ValueError, accepted=accepted,
-                          other=(f"position {position} must be refused with a ValueError; an IndexError or "
-                                 "KeyError from a list or dict is not the contract's error"))
-        a.refused("block_of", (99, 0), ValueError, accepted="sequence 99 does not exist: a ValueError",
-                  other=UNKNOWN_ID)
-        got_state = a.snapshot()
-        if got_state != state:
-            raise fail(f"{a.where()}  then the books", state, got_state, "block_of only reads: it changed the books")
+def _first_refusal(ref: PagedKVCacheAllocator, requests: Sequence[Request]) -> Optional[Tuple[int, BaseException]]:
+    """Make the requests one after another on a copy of ``ref``: the index and error of the first refused one.
+
+    When none is refused, ``ref`` itself admits them all (in order) and the answer is ``None``.
+    """
+    trial = copy.deepcopy(ref)
+    for index, (seq_id, tokens) in enumerate(requests):
+        try:
+            trial.allocate_for_sequence(seq_id, tokens)
+        except Exception as exc:  # noqa: BLE001 - every library refusal is a PagedKVError
+            return index, exc
+    for seq_id, tokens in requests:
+        ref.allocate_for_sequence(seq_id, tokens)
+    return None
+
+
+def _batch_unchanged(a: Script, want: dict, requests: Sequence[Request]) -> None:
+    """After a refused batch every attribute is as before; name the two usual ways it is not."""
+    got = a.snapshot()
+    if got == want:
+        return
+    where = a.where("a.free, a.ref_counts, a.tables, a.lengths")
+    left = [s for s in got["tables"] if s not in want["tables"]]
+    ids = [seq_id for seq_id, _ in requests]
+    if left:
+        twice = [s for s in left if ids.count(s) > 1]
+        why = (f" (sequence {twice[0]} appears twice in the batch, and the second request is a duplicate id)"
+               if twice else "")
+        raise fail(where, want, got, f"the refused batch left sequence(s) {left} admitted{why}: a batch is admitted "
+                                     "whole or not at all")
+    if got["tables"] == want["tables"] and sorted(got["free"]) == sorted(want["free"]):
+        raise fail(where, want, got, "the refused batch gave back every block it took, but the free queue is not in "
+                                     "the order it had: giving blocks back is not undoing, and a refused call changes "
+                                     "nothing, the order of a.free included")
+    raise fail(where, want, got, "a refused batch must change nothing, and the books changed")
+
+
+def _refusals(free: int) -> List[Tuple[List[Request], str]]:
+    """Batches that must be refused in a pool with ``free`` free blocks of 4 slots (sequence 0 live)."""
+    return [
+        ([(4, 8), (5, 4 * free - 8), (6, 1)],
+         f"each request fits alone, but together they need {free + 1} blocks and {free} are free"),
+        ([(7, 1), (7, 2)], "sequence 7 appears twice in the batch: the second request is a duplicate id"),
+        ([(8, 1), (0, 1)], "sequence 0 is live already: a duplicate id is a ValueError"),
+        ([(9, 4), (10, 2.5)], "a token count that is not an int (2.5) is a TypeError"),
+        ([(11, 4), (12, -3)], "a negative token count is a ValueError"),
+        ([(13, 4), (14, True)], "True is a bool, not a token count: a TypeError"),
+        ([(15, 4 * free + 1), (16, 2.5)], f"the first request needs {free + 1} blocks and {free} are free"),
+    ]
+
+
+def check_batch_02(MyAllocator: Any) -> None:
+    """Task 02.3: ``allocate_batch(requests)`` admits every request, in order, or none of them."""
+    tasks_written(MyAllocator, "02.3", (("allocate_batch", ([],)),))
+    a = Script(MyAllocator, 12, 4)
+    ref = library(12, 4)
+
+    def admit(requests: List[Request], hint: str) -> None:
+        given = list(requests)
+        a.call("allocate_batch", given)
+        assert _first_refusal(ref, requests) is None
+        want = library_state(ref)
+        if given != requests:
+            raise fail(a.where("requests"), requests, given, "allocate_batch only reads its argument")
+        a.state(want, hint)
+
+    a.call("allocate_for_sequence", 0, 6)
+    ref.allocate_for_sequence(0, 6)
+    admit([(1, 9), (2, 0), (3, 4)], "after the batch, a.{name} differs from what the same requests give when made "
+                                    "one after another: the batch admits them in the order given")
+    admit([], "an empty batch admits nothing and changes nothing (a.{name} changed)")
+    for requests, why in _refusals(ref.num_free_blocks):
+        want = library_state(ref)
+        first = _first_refusal(ref, requests)
+        assert first is not None
+        index, exc = first
+        kind = _builtin(exc)
+        a.refused("allocate_batch", (list(requests),), kind, accepted=f"{why}, so the batch is refused",
+                  other=(f"made one after another, the first request refused would be {requests[index]!r} ({why}), "
+                         f"with a {kind.__name__}: the batch raises the error of its first refused request"))
+        _batch_unchanged(a, want, requests)
+    free = ref.num_free_blocks
+    admit([(20, 0), (21, 4 * free), (22, 0)], "a batch that fills the pool exactly, with two empty prompts, is "
+                                              "admitted; after it a.{name} is wrong")
+    want = library_state(ref)
+    a.refused("allocate_batch", ([(23, 0), (24, 1)],), RuntimeError,
+              accepted="the pool is full: the request for 1 token needs a block that is not there")
+    _batch_unchanged(a, want, [(23, 0), (24, 1)])
+    a.call("free_sequence", 21)
+    ref.free_sequence(21)
+    admit([(25, 5), (26, 3)], "after freeing sequence 21, the batch takes blocks from the head of the free queue, in "
+                              "its order; a.{name} is wrong")
     passed("02.3")
-

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..allocator import PagedKVCacheAllocator
 from . import probes
 from ._common import call_learner, fail, not_written, passed, run_probe
-from .checks_02 import UNKNOWN_ID, Script, library_state, run_differential, tasks_written
+from ._checks_02_script import UNKNOWN_ID, Script, library, library_state, run_differential, tasks_written
 
 #: What exercise 03 grades lives in these modules; while it is graded the learner's kernel cannot use them.
 #: Exercise 02's starter (``paged_kv_lib.course.starters.after_02``) stays usable: exercise 03 starts there.
@@ -42,12 +42,8 @@ SHARING_OPS = ("allocate_for_sequence", "get_block_mapping", "free_sequence", "f
 Op = Tuple[Any, ...]
 
 
-def _library(num_blocks: int, block_size: int) -> PagedKVCacheAllocator:
-    return PagedKVCacheAllocator(num_blocks, block_size, 1, 1, allocate_cache=False, enable_prefix_caching=False)
-
-
 def _replay(num_blocks: int, block_size: int, trace: Sequence[Op]) -> PagedKVCacheAllocator:
-    alloc = _library(num_blocks, block_size)
+    alloc = library(num_blocks, block_size)
     for method, *args in trace:
         getattr(alloc, method)(*args)
     return alloc
@@ -58,7 +54,7 @@ def check_sharing_03(MyAllocator: Any) -> None:
     """Task 03.1: ``fork`` shares every block; ``free_sequence`` gives a block back when its last holder leaves."""
     tasks_written(MyAllocator, "03.1", (("fork", (0, 1)), ("free_sequence", (0,))))
     a = Script(MyAllocator, 8, 4)
-    ref = _library(8, 4)
+    ref = library(8, 4)
 
     def both(method: str, *args: Any) -> None:
         getattr(ref, method)(*args)
@@ -74,7 +70,7 @@ def check_sharing_03(MyAllocator: Any) -> None:
     a.state({"lengths": library_state(ref)["lengths"]}, "the child holds as many tokens as its parent (a.{name})")
     a.state(library_state(ref), "a.{name} is wrong after the fork")
     if run_probe(probes.attribute_entries_alias, a.obj, "tables", 0, 1):
-        raise fail(f"{a.where()}  then a.tables[1] is a.tables[0]", False, True,
+        raise fail(a.where("a.tables[1] is a.tables[0]"), False, True,
                    "the child got the parent's own list object: when one of them grows, the other grows with it")
     both("fork", 1, 2)
     a.state(library_state(ref), "forking a fork adds one more holder to each block (a.{name})")
@@ -182,6 +178,12 @@ def _corruptions() -> List[Tuple[str, Callable[[Books], None]]]:
                              lambda b: b["lengths"].__setitem__(3, 9))),
         ("the free queue holds block id -1 in place of block 9", lambda b: b["free"].__setitem__(
             b["free"].index(9), -1)),
+        ("the free queue holds 9.0, a float, in place of block 9: a block id is an int", lambda b: b["free"].__setitem__(
+            b["free"].index(9), 9.0)),
+        ("the free queue holds True in place of block 1: a bool equals 1, yet it is no block id",
+         lambda b: b["free"].__setitem__(b["free"].index(1), True)),
+        ("sequence 3's table lists 5.0, a float, in place of block 5: a block id is an int",
+         lambda b: b["tables"][3].__setitem__(1, 5.0)),
         ("sequence 3's table lists block 5 twice (and block 5 counts 2 holders)",
          both(lambda b: b["tables"][3].append(5), set_count(5, 2), lambda b: b["lengths"].__setitem__(3, 9))),
         ("sequence 3's table lists block 4 twice (block 4 counts 1 holder: one table)",
@@ -232,14 +234,14 @@ def check_invariants_03(MyAllocator: Any) -> None:
         a = Script(MyAllocator, num_blocks, block_size)
         _install(a, books, f"{what}: {_show_books(books)}")
         got = _checker_outcome(a)
-        call = f"{a.where()}; a.check_invariants()"
+        call = a.where("a.check_invariants()")
         if got is not None:
             raise fail(call, "no error (these books are consistent)", f"{type(got).__name__}: {got}",
                        f"a false alarm on valid books ({what}): shared blocks, empty tables and a block reserved "
                        "ahead are all fine")
         after = a.snapshot()
         if after != books:
-            raise fail(f"{call}  then the books", _show_books(books), _show_books(after),
+            raise fail(f"{call}\n    then the books", _show_books(books), _show_books(after),
                        "check_invariants only reads: it changed the books")
     base = _books(_replay(10, 4, BASE_TRACE))
     for what, corrupt in _corruptions():
@@ -248,7 +250,7 @@ def check_invariants_03(MyAllocator: Any) -> None:
         a = Script(MyAllocator, 10, 4)
         _install(a, books, _show_books(books))
         got = _checker_outcome(a)
-        call = f"{a.where()}; a.check_invariants()  # {what}"
+        call = a.where(f"a.check_invariants()  # {what}")
         if got is None:
             raise fail(call, "an AssertionError", "no error", f"your checker missed it: {what}")
         if not isinstance(got, AssertionError):
@@ -256,7 +258,7 @@ def check_invariants_03(MyAllocator: Any) -> None:
                        "report every broken rule with an AssertionError, even for block ids a list cannot index")
         after = a.snapshot()
         if after != books:
-            raise fail(f"{call}  then the books", _show_books(books), _show_books(after),
+            raise fail(f"{call}\n    then the books", _show_books(books), _show_books(after),
                        "check_invariants only reads: it changed the books")
     passed("03.2")
 
@@ -268,11 +270,11 @@ def _design_state(a: Script, spare: List[int], refs: Dict[int, int], lengths: Di
         try:
             got = getattr(a.obj, name)
         except AttributeError:
-            raise fail(f"{a.where()}  then a.{name}", want, "no such attribute",
+            raise fail(a.where(f"a.{name}"), want, "no such attribute",
                        "keep ShakyAllocator's design (its spare stack and refs dict): the task is to repair it, "
                        "not to replace it") from None
         if got != want:
-            raise fail(f"{a.where()}  then a.{name}", want, got, hint)
+            raise fail(a.where(f"a.{name}"), want, got, hint)
 
 
 # Short call sequences a reviewer tries first: sharing then freeing, a refusal then a retry, forks onto
@@ -302,7 +304,7 @@ def _outcome(fn: Callable[..., Any], args: Tuple[Any, ...]) -> str:
 
 def _compare_on(cls: Any, num_blocks: int, block_size: int, trace: Sequence[Op]) -> None:
     """Replay ``trace`` on the learner's class and the library; the first difference in outcome or free count."""
-    ref = _library(num_blocks, block_size)
+    ref = library(num_blocks, block_size)
     lines = [f"a = Repaired({num_blocks}, {block_size})"]
     mine = call_learner(cls, (num_blocks, block_size), lines[0], "an allocator")
     for method, *args in trace:

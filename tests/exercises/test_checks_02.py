@@ -14,7 +14,7 @@ import pytest
 
 from paged_kv_lib.course.starters.after_02 import AllocatorAfter02
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_02 import (check_allocate_02, check_allocator_02, check_allocator_02_free, check_block_of_02, check_grow_and_free_02)
+from paged_kv_lib.grading.checks_02 import (check_allocate_02, check_allocator_02, check_allocator_02_free, check_batch_02, check_grow_and_free_02)
 from paged_kv_lib.grading._common import TaskNotWrittenError
 from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
 from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook
@@ -84,7 +84,7 @@ def planted_failure(path: Path) -> str:
 
 
 CHECKS = [(check_allocate_02, "02.1"), (check_allocator_02, "02.1"), (check_grow_and_free_02, "02.2"),
-          (check_allocator_02_free, "02.2"), (check_block_of_02, "02.3")]
+          (check_allocator_02_free, "02.2"), (check_batch_02, "02.3")]
 
 
 @pytest.mark.parametrize("check, task", CHECKS, ids=[c.__name__ for c, _ in CHECKS])
@@ -104,7 +104,7 @@ class Untouched:
     def free_sequence(self, seq_id):
         raise NotImplementedError("Task 02.2: replace this line with your code")
 
-    def block_of(self, seq_id, position):
+    def allocate_batch(self, requests):
         raise NotImplementedError("Task 02.3: replace this line with your code")
 
 

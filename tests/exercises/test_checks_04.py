@@ -244,16 +244,16 @@ def test_gather_batch_that_reads_padding_silently_fails():
 
 
 # --------------------------------------------------------------------------- 04.5
-def read_tokens(k_cache, table, positions, lower=True, upper_inclusive=False, permute=True):
+def read_tokens(k_cache, table, num_tokens, positions, lower=True, limit="tokens", permute=True, dtype=True):
+    """A correct reader (an other design than the notebook's), with each planted bug as an option."""
     _, heads, bs, dim = k_cache.shape
     pos = torch.tensor(list(positions), dtype=torch.int64)
-    capacity = len(table) * bs
-    if (lower and bool((pos < 0).any())) or bool((pos > capacity if upper_inclusive else pos >= capacity).any()):
-        raise ValueError("no slot")
+    top = {"tokens": num_tokens - 1, "one more": num_tokens, "room": len(table) * bs - 1}[limit]
+    if (lower and bool((pos < 0).any())) or bool((pos > top).any()):
+        raise ValueError("no token there")
     blocks = torch.tensor(list(table), dtype=torch.int64)[pos // bs]
-    if permute:
-        return k_cache[blocks, :, pos % bs, :]
-    return k_cache.reshape(-1, heads, dim)[blocks * bs + pos % bs]
+    got = k_cache[blocks, :, pos % bs, :] if permute else k_cache.reshape(-1, heads, dim)[blocks * bs + pos % bs]
+    return got if dtype else got.float()
 
 
 def test_read_tokens_correct(capsys):
@@ -262,8 +262,10 @@ def test_read_tokens_correct(capsys):
 
 @pytest.mark.parametrize("options, words", [
     ({"lower": False}, "negative position was accepted"),
-    ({"upper_inclusive": True}, "first one past the table"),
+    ({"limit": "one more"}, "off by one at the end"),
+    ({"limit": "room"}, "are room, not tokens"),
     ({"permute": False}, "layout is (block, head, offset, dim)"),
+    ({"dtype": False}, "the result is in the cache's dtype"),
 ])
 def test_read_tokens_names_each_bug(options, words):
-    assert words in fails(check_read_tokens, lambda kc, t, p: read_tokens(kc, t, p, **options))
+    assert words in fails(check_read_tokens, lambda kc, t, n, p: read_tokens(kc, t, n, p, **options))

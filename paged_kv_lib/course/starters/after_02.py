@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from typing import Any, Deque, Dict, List
+from typing import Any, Deque, Dict, List, Sequence, Set, Tuple
 
+from ...block import cdiv
 from ...errors import (
     DuplicateSequenceError,
     InvalidArgumentError,
@@ -79,11 +80,26 @@ class AllocatorAfter02:
         count = _whole_number(num_prompt_tokens, "num_prompt_tokens", 0)
         if seq_id in self.tables:
             raise DuplicateSequenceError(f"sequence {seq_id!r} already holds blocks")
-        wanted = (count + self.block_size - 1) // self.block_size
+        wanted = cdiv(count, self.block_size)
         if wanted > len(self.free):
             raise OutOfBlocksError(wanted, len(self.free), f"allocate sequence {seq_id}")
         self.tables[seq_id] = self.take_blocks(wanted)
         self.lengths[seq_id] = count
+
+    def allocate_batch(self, requests: Sequence[Tuple[int, int]]) -> None:
+        """Admit every ``(seq_id, num_prompt_tokens)`` request in order, or none: the first refusal is raised."""
+        claimed: Set[int] = set()
+        wanted = 0
+        for seq_id, tokens in requests:
+            count = _whole_number(tokens, "num_prompt_tokens", 0)
+            if seq_id in self.tables or seq_id in claimed:
+                raise DuplicateSequenceError(f"sequence {seq_id!r} is live already or earlier in the batch")
+            claimed.add(seq_id)
+            wanted += cdiv(count, self.block_size)
+            if wanted > len(self.free):
+                raise OutOfBlocksError(wanted, len(self.free), f"admit the batch up to sequence {seq_id}")
+        for seq_id, tokens in requests:
+            self.allocate_for_sequence(seq_id, tokens)
 
     def get_block_mapping(self, seq_id: int) -> List[int]:
         """A new list of the sequence's block ids, in logical order."""
@@ -101,7 +117,7 @@ class AllocatorAfter02:
         return block_id
 
     def block_of(self, seq_id: int, position: int) -> int:
-        """The physical block that holds token ``position`` of the sequence."""
+        """The physical block that holds token ``position`` of the sequence (an exercise 02 task of an earlier round)."""
         table = self._table(seq_id)
         where = _plain_int(position, "position")
         if not 0 <= where < self.lengths[seq_id]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import List
 
+from ...block import cdiv
 from ...errors import DuplicateSequenceError
 from .after_02 import AllocatorAfter02, _plain_int
 
@@ -54,7 +55,7 @@ class AllocatorAfter03(AllocatorAfter02):
                 assert type(block_id) is int and 0 <= block_id < total, f"sequence {seq_id} lists {block_id!r}"
             assert len(set(table)) == len(table), f"sequence {seq_id} lists a block twice: {table}"
             tokens = self.lengths[seq_id]
-            lowest = (tokens + self.block_size - 1) // self.block_size
+            lowest = cdiv(tokens, self.block_size)
             assert lowest <= len(table) <= tokens // self.block_size + 1, (
                 f"sequence {seq_id}: {tokens} tokens in {len(table)} blocks of {self.block_size}")
             holders.update(table)

@@ -11,6 +11,7 @@ import math
 from typing import Iterable, List
 
 from ..._validate import as_fraction
+from ...block import cdiv
 from ...errors import InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
 
 from .after_03 import AllocatorAfter03
@@ -28,7 +29,7 @@ class AllocatorAfter05(AllocatorAfter03):
         if type(num_tokens) is not int or num_tokens < 0:
             raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         held = len(self.tables[seq_id])
-        return max(0, -(-(self.lengths[seq_id] + num_tokens) // self.block_size) - held)
+        return max(0, cdiv(self.lengths[seq_id] + num_tokens, self.block_size) - held)
 
     def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
         """Grow ``seq_id`` by ``num_tokens``; returns the ids of the blocks it took, in order ([] when none)."""

@@ -1,9 +1,0 @@
-# expect: a KeyError from your dict is not
-# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
-class MyAllocator(MyAllocator):
-    def block_of(self, seq_id, position):
-        held = self.lengths[seq_id]
-        if not 0 <= position < held:
-            raise ValueError(f"position {position} holds no token: sequence {seq_id} holds {held}")
-        index = position // self.block_size
-        return self.tables[seq_id][index]

@@ -1,0 +1,17 @@
+# expect: sequence 7 appears twice in the batch
+# ruff: noqa: F821 (a notebook cell: names come from the cells before it)
+class MyAllocator(MyAllocator):
+    def allocate_batch(self, requests):
+        needed = 0
+        for seq_id, tokens in requests:
+            if isinstance(tokens, bool) or not isinstance(tokens, int):
+                raise TypeError(f"the token count must be an int, got {tokens!r}")
+            if tokens < 0:
+                raise ValueError(f"the token count must be >= 0, got {tokens}")
+            if seq_id in self.tables:
+                raise ValueError(f"sequence {seq_id} is live already")
+            needed += -(-tokens // self.block_size)
+            if needed > len(self.free):
+                raise errors.OutOfBlocksError(needed, len(self.free), "admit a batch")
+        for seq_id, tokens in requests:
+            self.allocate_for_sequence(seq_id, tokens)

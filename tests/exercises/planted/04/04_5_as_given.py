@@ -1,0 +1,15 @@
+# expect: the cache's layout is (block, head, offset, dim)
+import torch
+
+
+def read_tokens(k_cache, table, num_tokens, positions):
+    """The provided reader, handed in unchanged: all three bugs left."""
+    num_blocks, num_heads, block_size, head_dim = k_cache.shape
+    out = torch.zeros(len(positions), num_heads, head_dim)
+    rows = k_cache.reshape(num_blocks * block_size, num_heads, head_dim)
+    for i, position in enumerate(positions):
+        if not 0 <= position < len(table) * block_size:
+            raise ValueError(f"position {position} is not one of the sequence's {num_tokens} tokens")
+        block = table[position // block_size]
+        out[i] = rows[block * block_size + position % block_size]
+    return out
