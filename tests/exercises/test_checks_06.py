@@ -71,10 +71,18 @@ def test_prefix_cache_and_key_and_eviction_correct(capsys):
     passes(check_prefix_caching_allocator, AllocatorAfter06, "06.3", capsys)
     passes(check_salted_block_key, content_key, "06.2", capsys)
 
+    def reused_near_the_head_kept(candidates):
+        return [c["block"] for c in sorted(candidates, key=lambda c: (c["uses"] > 1 and c["position"] < 8,
+                                                                       c["last_used"], -c["position"]))]
+
+    passes(check_eviction_order, reused_near_the_head_kept, "06.4", capsys)
+
+
+def test_a_rule_on_use_counts_alone_does_not_beat_lru():
     def frequency_first(candidates):
         return [c["block"] for c in sorted(candidates, key=lambda c: (c["uses"] > 1, c["last_used"], -c["position"]))]
 
-    passes(check_eviction_order, frequency_first, "06.4", capsys)
+    assert "a hit rate of at least" in fails(check_eviction_order, frequency_first)
 
 
 def _take_through_library_queue(prev, next_, block_ids):
