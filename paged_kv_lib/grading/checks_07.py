@@ -426,8 +426,8 @@ def check_victim_policy(choose_victim: Callable[[View, int], int]) -> None:
     summary = (f"recomputed tokens, all workloads: yours {mine_total}, newest-first {base_total} "
                f"({ratio:.0%} of it; the bar is {RECOMPUTE_THRESHOLD:.0%})")
     if ratio > RECOMPUTE_THRESHOLD:
-        hint = ("newest-first preempts the request that has done the least decoding, but that is not the one "
-                "whose K/V is cheapest to rebuild: look at what a preemption throws away")
+        hint = ("newest-first never asks what a preemption costs; take a few of its preemptions on one workload "
+                "and work out what each other running request would have cost instead")
         if ratio == 1.0:
             hint = "this is newest-first itself (the engine's rule); the task asks for a cheaper one. " + hint
         raise fail(f"your policy on the check's workloads (recomputed tokens)\n{table}",
