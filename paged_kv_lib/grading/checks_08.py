@@ -25,6 +25,7 @@ from ..simulate import (
 )
 from ..simulate.reservation import RESERVATIONS, reservation_size
 from ._checks_08_meter import check_memory_meter  # noqa: F401  (task 08.3, a check of its own module)
+from ._checks_08_unknown import expect_unknown_sequences_refused
 from ._common import (
     CheckFailure,
     call_learner,
@@ -314,6 +315,7 @@ def check_allocator_in_simulation(MyAllocator: Any) -> None:
     from ..conformance import simulate as simulate_with_class
     from ..simulate import simulate
 
+    expect_unknown_sequences_refused(MyAllocator)  # the contract's refusals the simulator never exercises
     for what, workload, capacity, block_size in _small_workloads():
         (want,) = simulate(workload, capacity, allocators=["paged"], block_size=block_size)
         call = (f"simulate(<{what}>, capacity_tokens={capacity}, allocators=[MyAllocator], "

@@ -10,6 +10,7 @@ from check_helpers import fails, not_implemented, passes
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
 from paged_kv_lib.grading.checks_08 import (check_allocator_in_simulation, check_memory_parts, check_reservation_slots, check_block_size_choice, check_memory_meter)
 from paged_kv_lib.grading import checks_08
+from paged_kv_lib.block import cdiv
 from paged_kv_lib.grading.delegation import forbidden_modules
 from paged_kv_lib.simulate import StepSnapshot
 from planted_harness import is_delegation
@@ -248,6 +249,8 @@ class MyAllocator:
         self.tokens[seq_id] = num_prompt_tokens
 
     def append_tokens(self, seq_id, num_tokens=1):
+        if seq_id not in self.tables:
+            raise ValueError(f"no sequence {seq_id}")
         table, n = self.tables[seq_id], self.tokens[seq_id]
         copy = bool(table) and n % self.block_size != 0 and self.refs[table[-1]] > 1
         taken = self._take(-(-(n + num_tokens) // self.block_size) - len(table) + copy)
@@ -266,6 +269,8 @@ class MyAllocator:
         self.tokens.pop(seq_id, None)
 
     def get_block_mapping(self, seq_id):
+        if seq_id not in self.tables:
+            raise ValueError(f"no sequence {seq_id}")
         return list(self.tables[seq_id])
 
     def fork(self, parent_seq_id, child_seq_id):
@@ -275,10 +280,33 @@ class MyAllocator:
             self.refs[b] += 1
 
 
+class EmptyMappingForUnknown(MyAllocator):
+    """Answers an unknown sequence with an empty mapping instead of refusing it."""
+
+    def get_block_mapping(self, seq_id):
+        return list(self.tables.get(seq_id, []))
+
+
+class GrowsAnUnknownSequence(MyAllocator):
+    """Starts a sequence that was never allocated when asked to grow it."""
+
+    def append_tokens(self, seq_id, num_tokens=1):
+        self.tables.setdefault(seq_id, [])
+        self.tokens.setdefault(seq_id, 0)
+        return super().append_tokens(seq_id, num_tokens)
+
+
+def test_allocator_in_simulation_refuses_unknown_sequences_first():
+    assert "so it has no mapping" in fails(check_allocator_in_simulation, EmptyMappingForUnknown)
+    assert "so it cannot grow" in fails(check_allocator_in_simulation, GrowsAnUnknownSequence)
+
+
 class OneBlockEarly(MyAllocator):
     """The seed's growth rule: a new block as soon as the count reaches a multiple of the block size."""
 
     def append_tokens(self, seq_id, num_tokens=1):
+        if seq_id not in self.tables:
+            raise ValueError(f"no sequence {seq_id}")
         n = self.tokens[seq_id] + num_tokens
         taken = self._take(n // self.block_size + 1 - len(self.tables[seq_id]))
         self.tables[seq_id].extend(taken)
@@ -384,7 +412,7 @@ def test_a_planted_mistake_is_named(path):
     source = path.read_text(encoding="utf-8")
     expect = source.splitlines()[0].removeprefix("# expect: ")
     check, name = TASKS[f"08.{path.stem.split('_')[1]}"]
-    namespace: dict = {"StepSnapshot": StepSnapshot}  # what the setup cell defines
+    namespace: dict = {"StepSnapshot": StepSnapshot, "cdiv": cdiv}  # what the setup cell defines
     exec(compile(source, str(path), "exec"), namespace)
     assert expect in fails(check, namespace[name])
 
