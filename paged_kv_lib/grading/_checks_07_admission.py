@@ -102,7 +102,7 @@ def _show(prompts: Sequence[int], bs: int, free: int, total: int, wm: float, slo
 
 def _as_plan(got: object) -> bool:
     return (type(got) is tuple and len(got) == 2 and all(type(part) is list for part in got)
-            and all(type(x) is int for part in got for x in part))  # type: ignore[union-attr]
+            and all(type(x) is int for part in got for x in part))
 
 
 def _cases() -> List[tuple]:

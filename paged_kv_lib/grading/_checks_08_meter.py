@@ -24,7 +24,8 @@ CHUNKS = 6  # chunks per simulated run: every summary is checked after each
 
 
 def _snap(step: int, parts: Sequence[int], running: int, waiting: int) -> StepSnapshot:
-    return StepSnapshot(step, *parts, running=running, waiting=waiting)
+    tokens, reserved, internal, external, free = parts
+    return StepSnapshot(step, tokens, reserved, internal, external, free, running, waiting)
 
 
 def _summary(snaps: Sequence[StepSnapshot], capacity: int, *, window: str = "paper") -> Dict[str, Any]:
