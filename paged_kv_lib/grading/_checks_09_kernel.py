@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..attention import paged_attention_reference
+from ..block import cdiv
 from ..attention.testing import PagedBatch, make_paged_batch
 from ._common import fail, passed, run_probe
 from ._common_09 import close, describe, matches, unwrap
@@ -109,8 +110,7 @@ def _expected_out(c: Case) -> torch.Tensor:
 # --------------------------------------------------------------------------- the decode, replayed in torch
 def split_tokens(seq_len: int, splits: int) -> int:
     """Tokens per split in the contract: ceil(seq_len / splits), rounded up to a multiple of BLOCK_N."""
-    per_split = -(-seq_len // splits)
-    return -(-per_split // BLOCK_N) * BLOCK_N
+    return cdiv(cdiv(seq_len, splits), BLOCK_N) * BLOCK_N
 
 
 def _model(c: Case, mistake: str = "") -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
