@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..block import cdiv
+
 BLOCK_N = 16  # tokens per tile (a matrix product wants at least 16 rows)
 GUARD_BLOCKS = 2  # NaN blocks on each side of a cache
 TABLE_PAD = 4  # trap columns after each block-table row (and one trap row after the last)
@@ -87,7 +89,7 @@ def tile_addresses_table(tile_addresses: Any, block_tables: torch.Tensor, seq_le
     num_blocks, num_kv_heads, block_size, head_dim = cache_shape
     device = _device_for(block_tables)
     num_seqs = block_tables.shape[0]
-    num_positions = -(-num_positions // BLOCK_N) * BLOCK_N
+    num_positions = cdiv(num_positions, BLOCK_N) * BLOCK_N
     table = _padded_table(block_tables, 0, device)
     lens = seq_lens.to(device=device, dtype=torch.int32).contiguous()
     rows = torch.full((num_seqs, num_q_heads, num_positions), -(2 ** 40), dtype=torch.int64, device=device)

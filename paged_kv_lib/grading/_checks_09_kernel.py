@@ -5,11 +5,12 @@ The check launches the learner's two ``@triton.jit`` kernels itself, through
 objects live), on batches whose every unused byte is NaN: the unused slots of each cache, blocks
 before and after the cache, a trap block past the last and the block table's padding. Cases:
 ragged lengths, grouped-query heads, a sequence of length 0, blocks dropped from a table (``-1``
-below ``seq_len``, so a whole tile is ``-inf``), scores over 100, 16-bit caches, 1 to 4 splits.
+below ``seq_len``, so a whole tile is ``-inf``), an entry past ``num_blocks`` after a visible tile, a
+table narrower than a sequence (its row runs into the next), scores over 100, 16-bit caches, 1 to 4 splits.
 
 With more than one split it compares each split's partial state first (the chunk rule is part
 of the contract), then the merged output. On a failure it replays the decode in torch with each
-common mistake planted (one block too far, a dropped mask, the wrong grouped-query heads, no
+common mistake planted (one block too far, a dropped mask (position, ``-1``, width, ``num_blocks``), the wrong grouped-query heads, no
 rescale, no ``-inf`` guard, no split, a wrong scale; for the merge: no rescale, one split only,
 no guard) and names the one the learner's numbers reproduce.
 """
@@ -25,6 +26,7 @@ import torch
 
 from ..attention import paged_attention_reference
 from ..attention.testing import PagedAttentionCase, make_paged_batch
+from ..block import cdiv
 from ._common import fail, passed, run_probe
 from ._common_09 import close, describe, matches, unwrap
 from .probes import triton_paged_decode
@@ -43,16 +45,20 @@ class Case:
     splits: int
     scale: float
     holes: tuple[tuple[Any, ...], ...] = ()
+    narrow: bool = False  # the table was cut narrower than a sequence: positions past its width hold nothing
 
 
 def _case(what: str, lens: list[int], splits: int, scale: float | None = None, holes: tuple = (),
-          q_times: float = 1.0, **shape: Any) -> Case:
+          q_times: float = 1.0, width: int | None = None, **shape: Any) -> Case:
     b = make_paged_batch(lens, **shape)
+    if width is not None:  # rows of `width` entries: a longer sequence's row runs into the next row
+        b.block_tables = b.block_tables[:, :width].contiguous()
     for i, j, *past in holes:
         # -1, or (past) an id at or above the num_blocks the kernel is told (the cache's blocks and the trap)
         b.block_tables[i, j] = b.k_cache.shape[0] + 1 if past else -1
     b.q = b.q * q_times
-    return Case(what, b, splits, 1.0 / math.sqrt(b.q.shape[-1]) if scale is None else scale, holes)
+    return Case(what, b, splits, 1.0 / math.sqrt(b.q.shape[-1]) if scale is None else scale, holes,
+                width is not None)
 
 
 def _cases() -> Iterator[Case]:
@@ -61,6 +67,12 @@ def _cases() -> Iterator[Case]:
     yield _case("blocks larger than a tile, an empty sequence, 3 query heads per K/V head, a given scale, 2 splits",
                 [17, 0, 40], 2, 0.3, num_q_heads=6, num_kv_heads=2, head_dim=32, block_size=16, spare_blocks=1,
                 pad_columns=1, seed=42)
+    yield _case("rows of 3 entries (blocks of 8): sequence 0 is 40 tokens long, so its positions past 23 have "
+                "no entry in its row; one split", [40, 20, 9], 1, width=3, num_q_heads=4, num_kv_heads=2,
+                head_dim=16, block_size=8, seed=47)
+    yield _case("an entry past num_blocks below seq_len, after a tile that is visible: sequence 0's third block; "
+                "one split", [40, 33], 1, holes=((0, 2, "past"),), num_q_heads=2, num_kv_heads=1, head_dim=16,
+                block_size=8, seed=48)
     yield _case("blocks dropped from the tables below seq_len: sequence 0's first entry is past num_blocks, "
                 "sequence 1's last is -1, so a whole tile of each is -inf; a sequence of length 0; one split",
                 [48, 20, 0], 1, holes=((0, 0, "past"), (1, 1)), num_q_heads=4,
@@ -79,9 +91,13 @@ def _cases() -> Iterator[Case]:
 def _expected_out(c: Case) -> torch.Tensor:
     """The reference on the same batch with its dropped blocks taken out (attention ignores key order)."""
     b = c.batch
+    bs = b.k_cache.shape[2]
+    if c.narrow:
+        width = b.block_tables.shape[1]
+        clamped = torch.clamp(b.seq_lens, max=width * bs).to(torch.int32)
+        return paged_attention_reference(b.q, b.k_cache, b.v_cache, b.block_tables, clamped, c.scale)
     if not c.holes:
         return paged_attention_reference(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, c.scale)
-    bs = b.k_cache.shape[2]
     rows, lens = b.block_tables.tolist(), b.seq_lens.tolist()
     for i, j, *_ in sorted(c.holes, key=lambda h: -h[1]):
         lens[i] -= max(0, min(bs, lens[i] - j * bs))
@@ -94,8 +110,7 @@ def _expected_out(c: Case) -> torch.Tensor:
 # --------------------------------------------------------------------------- the decode, replayed in torch
 def split_tokens(seq_len: int, splits: int) -> int:
     """Tokens per split in the contract: ceil(seq_len / splits), rounded up to a multiple of BLOCK_N."""
-    per_split = -(-seq_len // splits)
-    return -(-per_split // BLOCK_N) * BLOCK_N
+    return cdiv(cdiv(seq_len, splits), BLOCK_N) * BLOCK_N
 
 
 def _model(c: Case, mistake: str = "") -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -125,8 +140,15 @@ def _model(c: Case, mistake: str = "") -> tuple[torch.Tensor, tuple[torch.Tensor
                 for t, p in enumerate(range(first, first + BLOCK_N)):
                     inside = p < hi or mistake == "no_pos_mask"
                     logical = p // bs + (1 if mistake == "far" else 0)
-                    entry = (row[logical] if logical < width else num_blocks) if inside else -1
-                    ok[t] = inside and (entry >= 0 or mistake == "no_block_mask") and entry < num_blocks + 1
+                    if logical < width:
+                        entry = row[logical]
+                    elif mistake in ("no_width_mask", "far", "no_pos_mask"):
+                        entry = num_blocks  # past the row the launcher's padding holds the trap block's id
+                    else:
+                        inside = False  # past the row's width: no entry, nothing to read
+                    entry = entry if inside else -1
+                    ok[t] = (inside and (entry >= 0 or mistake == "no_block_mask")
+                             and (entry < num_blocks + 1 or mistake == "no_num_blocks_mask"))
                     if ok[t]:
                         real = 0 <= entry < num_blocks  # the trap block and the guards hold NaN
                         keys[:, t] = k_cache[entry, kv_of, p % bs] if real else float("nan")
@@ -166,10 +188,14 @@ _DECODE_MISTAKES = [
     ("no_block_mask", "a table entry of -1 was dereferenced: a negative block id holds none of the sequence's "
                       "tokens (the memory before the cache holds NaN here)"),
     ("gqa", "the wrong grouped-query heads: the program of K/V head k serves GROUP consecutive query heads"),
+    ("no_width_mask", "positions past the row's max_blocks entries were looked up: a row has max_blocks "
+                      "entries, and what lies after it is not this sequence's"),
     ("no_rescale", "online softmax without rescaling acc: when a tile raises the running maximum, the values "
                    "summed so far are still weighed against the old maximum"),
     ("no_inf_guard", "NaN after a tile of nothing but -inf scores: with nothing seen yet the maximum is -inf, "
                      "and exp(-inf - (-inf)) is NaN; such a tile must leave the state as it was"),
+    ("no_num_blocks_mask", "a table entry not below num_blocks was dereferenced: there is no such block (the "
+                           "memory past the cache holds NaN here)"),
     ("no_split", "every split attended to the whole sequence: split s covers only its own chunk of tokens"),
     ("scale_default", "the scale argument was ignored: the scores were scaled by 1/sqrt(head_dim)"),
     ("scale_ln2", "the scores are scaled by scale * ln(2), not scale: exp2 of a score needs it times log2(e)"),

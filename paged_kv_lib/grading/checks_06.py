@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..course.instruments import CountingList
 
 try:  # The mistake replays build on the starters of exercises 05 and 06; a release handing out exercise 05
     # or 06 leaves them out (they hold the answers): the checks then still compare with the library, call by
@@ -27,9 +26,10 @@ try:  # The mistake replays build on the starters of exercises 05 and 06; a rele
 except ImportError:
     AllocatorAfter05 = AllocatorAfter06 = object  # type: ignore[misc,assignment]
     REPLAYS = False
-from ..free_queue import NOT_QUEUED, FreeBlockQueue
-from ..prefix_cache import block_key
-from ._common import call_learner, expect_raises, fail, is_int, passed
+from ._checks_06_eviction import check_eviction_order, eviction_trace, library_order, lru_order, simulate_eviction  # noqa: F401,E501  (task 06.4)
+from ._checks_06_key import check_salted_block_key  # noqa: F401  (task 06.2, a check of its own module)
+from ._checks_06_queue import check_take_from_free_queue  # noqa: F401  (task 06.5)
+from ._common import call_learner, fail, passed
 from ._steps import NAME, Mistake, Steps
 from .checks_05 import random_scenarios, serve_through_engine
 
@@ -214,80 +214,6 @@ def _raise(exc: BaseException) -> None:
 def check_serves_forked_samples(cls: Any) -> None:
     """Task 06.1 (third check): forked samples (n=2) served through ``engine_for``, token for token."""
     serve_through_engine(cls, "06.1", n=2)
-
-
-# --------------------------------------------------------------------------- 06.2
-#: The test vectors the task text shows (each computed by the library here, never stored).
-KEY_VECTORS: List[Tuple[Optional[bytes], List[int], Optional[bytes]]] = [
-    (None, [], None),
-    (None, [1, 2, 3], None),
-    (None, [-1], None),
-    (bytes(range(32)), [7, 300], None),
-    (None, [1, 2, 3], b"lora-2"),
-]
-
-# The parts of the key, each with inputs that exercise it alone (given that the parts before it are right).
-_KEY_PARTS: List[Tuple[str, List[Tuple[Optional[bytes], List[int], Optional[bytes]]]]] = [
-    ("the root: the key of a first block (parent None) with no tokens and no salt",
-     [(None, [], None), (bytes(32), [], None)]),
-    ("the tokens: their encoding (how many bytes each takes, the byte order, negative ids)",
-     [(None, [1], None), (None, [1, 2, 3], None), (None, [0], None), (None, [-1], None), (None, [2 ** 40], None),
-      (None, [256], None), (None, [1, 0], None), (None, [-(2 ** 63)], None)]),
-    ("the parent: how a parent key goes into its child's key",
-     [(bytes(range(32)), [], None), (bytes(range(32)), [7, 300], None), (block_key(None, [5]), [6], None)]),
-    ("the salt: no salt and an empty salt add nothing; a non-empty salt goes in framed by its length",
-     [(None, [], b""), (None, [], b"x"), (None, [1, 2, 3], b"lora-2"), (None, [1], b"ab"), (None, [], b"\x00" * 9),
-      (block_key(None, [5]), [6], bytes(range(9)))]),
-]
-
-
-def _show_key_call(parent: Optional[bytes], tokens: List[int], salt: Optional[bytes]) -> str:
-    shown = "None" if parent is None else ("bytes(32)" if parent == bytes(32) else f"<key {parent.hex()[:8]}...>")
-    return f"salted_block_key({shown}, {tokens}" + (f", extra_key={salt!r})" if salt is not None else ")")
-
-
-def _expect_key(fn: Callable[..., bytes], parent: Optional[bytes], tokens: List[int], salt: Optional[bytes],
-                part: str) -> None:
-    want = block_key(parent, tokens, salt)
-    call = _show_key_call(parent, tokens, salt)
-    args = (parent, list(tokens)) if salt is None else (parent, list(tokens), salt)
-    got = call_learner(fn, args, call, want.hex())
-    if type(got) is not bytes:
-        raise fail(call, want.hex(), got, "return the digest itself: 32 bytes (bytes), not text or a hash object")
-    if len(got) != 32:
-        raise fail(call, want.hex(), got.hex(), f"a key is a SHA-256 digest, 32 bytes; yours has {len(got)}")
-    if got != want:
-        if _reordered(got, parent, tokens, salt):
-            part = "the order of the parts: each part is right, but the message puts them in another order"
-        raise fail(call, want.hex(), got.hex(), f"the first part that differs: {part}")
-
-
-def _reordered(got: bytes, parent: Optional[bytes], tokens: List[int], salt: Optional[bytes]) -> bool:
-    """Whether ``got`` hashes the key's three parts, each right, in another order."""
-    from hashlib import sha256
-    from itertools import permutations
-
-    framed = len(salt).to_bytes(8, "little") + salt if salt else b""
-    parts = [parent if parent is not None else bytes(32), framed, b"".join(t.to_bytes(8, "little", signed=True) for t in tokens)]
-    return any(sha256(b"".join(order)).digest() == got for order in permutations(parts))
-
-
-def check_salted_block_key(salted_block_key: Callable[..., bytes]) -> None:
-    """Task 06.2: ``salted_block_key(parent_key, token_ids, extra_key=None)`` equals the library's key byte for byte.
-
-    The parts are checked in order (root, tokens, parent, salt), each on inputs that exercise it,
-    so a difference names the first part that differs; then random blocks.
-    """
-    for part, cases in _KEY_PARTS:
-        for parent, tokens, salt in cases:
-            _expect_key(salted_block_key, parent, tokens, salt, part)
-    rng = random.Random(62)
-    for _ in range(40):
-        parent = None if rng.random() < 0.3 else bytes(rng.randrange(256) for _ in range(32))
-        tokens = [rng.randrange(-5, 70000) for _ in range(rng.randrange(0, 17))]
-        salt = rng.choice([None, b"", b"t:" + bytes([rng.randrange(256)]) * rng.randrange(1, 12)])
-        _expect_key(salted_block_key, parent, tokens, salt, "the whole key, on a random block (all parts together)")
-    passed("06.2")
 
 
 # --------------------------------------------------------------------------- 06.3
@@ -520,161 +446,3 @@ def check_serves_shared_prefix(cls: Any) -> None:
     if SHOW_FIGURES:
         print(figures)
     passed("06.3")
-
-
-# --------------------------------------------------------------------------- 06.4
-EVICTION_CAPACITY = 32  # cached blocks the pool can keep
-
-
-def eviction_trace(seed: int, num_requests: int = 200) -> List[List[int]]:
-    """Requests as chains of block contents (ints): a few popular shared prefixes, private tails, and long one-off scans."""
-    rng = random.Random(seed)
-    counter = iter(range(1, 10 ** 9))
-    systems = [[next(counter) for _ in range(6)] for _ in range(3)]
-    requests = []
-    for _ in range(num_requests):
-        if rng.random() < 0.15:  # a long document nobody asks about again
-            requests.append([next(counter) for _ in range(rng.randint(18, 26))])
-            continue
-        shared = systems[rng.choices(range(3), weights=[5, 3, 2])[0]] if rng.random() < 0.8 else []
-        requests.append(list(shared) + [next(counter) for _ in range(rng.randint(1, 5))])
-    return requests
-
-
-Order = Callable[[List[Dict[str, int]]], List[int]]
-
-
-def simulate_eviction(order: Order, requests: List[List[int]], capacity: int = EVICTION_CAPACITY,
-                      *, describe: str = "eviction_order") -> float:
-    """Serve ``requests`` one after another from a pool of ``capacity`` blocks; returns the block hit rate.
-
-    A request reuses the cached blocks of its longest cached prefix; each of its other blocks takes
-    an empty block, or else evicts a cached block no longer in use, in the order ``order`` returns.
-    """
-    cache: Dict[int, Dict[str, int]] = {}  # content -> what a candidate shows
-    hits = total = 0
-    for now, chain in enumerate(requests):
-        found = 0
-        while found < len(chain) and chain[found] in cache:
-            found += 1
-        hits += found
-        total += len(chain)
-        for content in chain[:found]:
-            cache[content]["last_used"] = now
-            cache[content]["uses"] += 1
-        excess = len(cache) + len(chain) - found - capacity
-        if excess > 0:
-            in_use = set(chain[:found])
-            candidates = [dict(info) for content, info in cache.items() if content not in in_use]
-            call = f"{describe}(<{len(candidates)} candidates at request {now}>)"
-            ids = sorted(c["block"] for c in candidates)
-            got = call_learner(order, (candidates,), call, "a list of the candidates' block ids")
-            if type(got) is not list or not all(is_int(b) for b in got) or sorted(got) != ids:
-                raise fail(call, f"the {len(ids)} candidates' block ids, each once, in eviction order", got,
-                           "return every candidate's 'block' exactly once, first the one to evict first")
-            for block_id in got[:excess]:
-                del cache[block_id]
-        for depth, content in enumerate(chain[found:], start=found):
-            cache[content] = {"block": content, "position": depth, "last_used": now, "uses": 1, "cached_at": now}
-    return hits / total
-
-
-def lru_order(candidates: List[Dict[str, int]]) -> List[int]:
-    """Least recently used first (ties: the block cached first goes first)."""
-    return [c["block"] for c in sorted(candidates, key=lambda c: (c["last_used"], c["cached_at"], c["position"]))]
-
-
-def library_order(candidates: List[Dict[str, int]]) -> List[int]:
-    """The library's free queue: least recently released first, a request's last block before its first."""
-    return [c["block"] for c in sorted(candidates, key=lambda c: (c["last_used"], -c["position"]))]
-
-
-EVICTION_SEEDS = (64, 65)
-EVICTION_MARGIN = 0.04  # hit rate the learner's order must add over LRU's, on every trace
-
-
-def check_eviction_order(eviction_order: Order) -> None:
-    """Task 06.4 (design): an eviction order whose hit rate beats LRU's by ``EVICTION_MARGIN`` on each trace."""
-    for seed in EVICTION_SEEDS:
-        requests = eviction_trace(seed)
-        lru = simulate_eviction(lru_order, requests)
-        lib = simulate_eviction(library_order, requests)
-        yours = simulate_eviction(eviction_order, requests)
-        figures = f"trace {seed}: block hit rate  yours {yours:6.1%}   LRU {lru:6.1%}   the library's free queue {lib:6.1%}"
-        if yours < lru + EVICTION_MARGIN:
-            raise fail(f"simulate_eviction(eviction_order, eviction_trace({seed}))\n{figures}",
-                       f"a hit rate of at least {lru + EVICTION_MARGIN:.1%} (LRU's {lru:.1%} + {EVICTION_MARGIN:.0%})",
-                       f"{yours:.1%}", "look at which blocks the trace asks for again, and which it never does: "
-                       "what does a candidate's record say about that?")
-        if SHOW_FIGURES:
-            print(figures)
-    passed("06.4")
-
-
-# --------------------------------------------------------------------------- 06.5
-def _queue_arrays(queue: FreeBlockQueue) -> tuple:
-    return list(queue._prev), list(queue._next)
-
-
-def _check_one_removal(remove: Callable, queue: FreeBlockQueue, block_id: int, size: int) -> None:
-    prev, nxt = _queue_arrays(queue)
-    order = list(queue)
-    call = (f"remove_from_free_queue(prev, next_, {block_id})  with the queue {order if len(order) <= 16 else '<' + str(len(order)) + ' blocks>'}"
-            f" (sentinel {size})")
-    given_prev, given_next = CountingList(prev), CountingList(nxt)
-    queued = 0 <= block_id < size and block_id in queue
-    if not queued:
-        if block_id == size:
-            why = f"{size} is the sentinel, not a block: removing it would cut the queue off from its ends"
-        elif not 0 <= block_id < size:
-            why = (f"{block_id} is not a block id (they are 0..{size - 1}); a negative index would reach "
-                   "the entries at the end of the lists")
-        else:
-            why = f"block {block_id} is not in the queue"
-        expect_raises(remove, (given_prev, given_next, block_id), call, ValueError, why + ": raise ValueError")
-        if given_prev.values != prev or given_next.values != nxt:
-            raise fail(call + "  -> the arrays afterwards", "unchanged", "changed",
-                       "a removal that fails must change nothing")
-        return
-    queue.remove(block_id)
-    want_prev, want_next = _queue_arrays(queue)
-    got = call_learner(remove, (given_prev, given_next, block_id), call, None)
-    if got is not None:
-        raise fail(call, None, got, "change prev and next_ in place and return None")
-    reads = given_prev.reads + given_next.reads
-    if reads > 8:
-        raise fail(call + "  -> entries of prev and next_ read", "a few (the block and its neighbours)",
-                   f"it read {reads} entries, for a queue of {len(order)} blocks",
-                   "your removal walks the queue: O(1) removal reads only the block's own two links and "
-                   "writes its neighbours' links, whatever the queue's length")
-    got_prev, got_next = given_prev.values, given_next.values
-    if got_prev[block_id] != NOT_QUEUED or got_next[block_id] != NOT_QUEUED:
-        raise fail(call + f"  -> prev[{block_id}], next_[{block_id}]", (NOT_QUEUED, NOT_QUEUED),
-                   (got_prev[block_id], got_next[block_id]),
-                   "the removed block must be marked as not queued (NOT_QUEUED in both arrays), so a later "
-                   "removal of it is refused")
-    p, n = prev[block_id], nxt[block_id]
-    for name, want, got_arr in (("next_", want_next, got_next), ("prev", want_prev, got_prev)):
-        if got_arr != want:
-            bad = [i for i in range(len(want)) if got_arr[i] != want[i]]
-            raise fail(call + f"  -> {name} afterwards, at {bad}", [want[i] for i in bad], [got_arr[i] for i in bad],
-                       f"block {block_id} sat between {p} and {n} ({size} is the sentinel: head and tail); "
-                       "link them to each other in both directions, and change nothing else")
-
-
-def check_remove_from_free_queue(remove_from_free_queue: Callable[[List[int], List[int], int], None]) -> None:
-    """Task 06.5: ``remove_from_free_queue(prev, next_, block_id)`` unlinks a block in O(1); refuses the
-    sentinel, ids that are not blocks, and blocks that are not queued."""
-    rng = random.Random(9)
-    size = 8
-    queue = FreeBlockQueue(size, [3, 0, 5, 1, 7])
-    for block_id in (5, 8, -1, 9, NOT_QUEUED, 3, 7, 2, 5, 0, 1):  # middle, the sentinel, not block ids, head,
-        # tail, never queued, removed twice, the last two
-        _check_one_removal(remove_from_free_queue, queue, block_id, size)
-    for size in (12, 40, 400):
-        ids = list(range(size))
-        rng.shuffle(ids)
-        queue = FreeBlockQueue(size, ids[: size - 2])
-        for _ in range(12):
-            _check_one_removal(remove_from_free_queue, queue, rng.randrange(size), size)
-    passed("06.5")

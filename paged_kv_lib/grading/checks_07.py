@@ -1,8 +1,7 @@
 """Checks of exercise 07, under load: FCFS admission, preemption victims (the engine's rule and a
 priority policy), the cost of preempting.
 
-Admission is compared with the allocator's ``can_allocate`` applied request by request;
-victims with what the real :class:`~paged_kv_lib.engine.Engine` preempts at every step of
+Admission (task 07.1) is checked in :mod:`._checks_07_admission`. Victims are compared with what the real :class:`~paged_kv_lib.engine.Engine` preempts at every step of
 a run (the priority policy, with equal priorities, must agree with it too, and otherwise
 with the policy's reference below); costs with what the allocator does when a sequence is
 freed and re-allocated or swapped out and back in. A wrong answer that matches a common
@@ -19,6 +18,7 @@ import torch
 
 from ..allocator import PagedKVCacheAllocator
 from ..errors import OutOfBlocksError
+from ._checks_07_admission import check_plan_admission  # noqa: F401  (task 07.1, a check of its own module)
 from ._common import CheckFailure, call_learner, expect_equal, fail, passed
 
 # What a solution of exercise 07 may not lean on (interfaces.md item 1): the allocator's admission
@@ -35,113 +35,6 @@ FORBIDDEN: Tuple[str, ...] = (
     "paged_kv_lib.simulate",
     "paged_kv_lib.seed",
 )
-
-
-# --------------------------------------------------------------------------- 07.1
-def _library_admissions(prompt_blocks: List[int], free: int, total: int, watermark: float, slots: int) -> int:
-    """How many requests the allocator's can_allocate admits, head first, stopping at the first refusal."""
-    bs = 4
-    alloc = PagedKVCacheAllocator(total, bs, 1, 1, allocate_cache=False)
-    if total - free:
-        alloc.allocate_for_sequence(-1, (total - free) * bs)
-    admitted = 0
-    for seq_id, blocks in enumerate(prompt_blocks):
-        if admitted == slots or not alloc.can_allocate(blocks * bs, watermark=watermark):
-            break
-        alloc.allocate_for_sequence(seq_id, blocks * bs)
-        admitted += 1
-    return admitted
-
-
-def _fcfs(blocks: Sequence[int], free: int, total: int, wm: float, slots: int, *, stop: bool = True,
-          take: bool = True, after: bool = True, of_total: bool = True, inclusive: bool = True,
-          use_slots: bool = True, keep_wm: bool = True, exact_wm: bool = True) -> int:
-    """FCFS admission with switches that plant the known mistakes (all True: the rule)."""
-    admitted = 0
-    wm = wm if keep_wm else 0.0
-    for need in blocks:
-        if use_slots and admitted == slots:
-            break
-        left = free - need if after else free
-        floor = wm * (total if of_total else free)
-        floor = floor if exact_wm else int(floor)
-        if not (left >= floor if inclusive else left > floor) or (not after and need > free):
-            if stop:
-                break
-            continue
-        if take:
-            free -= need
-        admitted += 1
-    return admitted
-
-
-_FCFS_MISTAKES = {
-    "admission went on past a refused request: the queue is served strictly in order, and a refused head "
-    "keeps everyone behind it waiting (head-of-line)": dict(stop=False),
-    "the free count never went down: an admitted request takes its blocks before the next one is weighed":
-        dict(take=False),
-    "the watermark was compared with the free blocks before this request takes its own: it must still hold "
-    "after": dict(after=False),
-    "the watermark is a fraction of the whole pool (total_blocks), not of the blocks free at the moment":
-        dict(of_total=False),
-    "a request that leaves exactly watermark * total_blocks free was refused: that much is enough":
-        dict(inclusive=False),
-    "more requests were admitted than the batch has slots for (batch_slots)": dict(use_slots=False),
-    "the watermark was never applied: requests were admitted down to the last free block": dict(keep_wm=False),
-    "the watermark was rounded down to whole blocks: 1.5 blocks must stay free means 2, not 1":
-        dict(exact_wm=False),
-}
-
-
-def check_admit_fcfs(admit_fcfs: Callable[[List[int], int, int, float, int], int]) -> None:
-    """Task 07.1: ``admit_fcfs(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots)``."""
-    hand = [  # (prompt_blocks, free, total, watermark, slots, expected), verified by hand
-        ([3, 3, 3], 10, 10, 0.0, 8, 3),
-        ([3, 3, 3], 10, 10, 0.1, 8, 3),   # 10-3 = 7, 7-3 = 4, 4-3 = 1 >= 1: all three
-        ([3, 3, 3, 1], 10, 10, 0.15, 8, 2),  # 1 < 1.5 refuses the third; the fourth would fit but waits
-        ([5, 1, 1], 4, 20, 0.0, 8, 0),    # the head does not fit: nobody behind it is admitted
-        ([2, 2, 2], 14, 14, 0.05, 8, 3),  # 14 - 6 = 8 >= 0.7
-        ([7, 7], 14, 14, 0.05, 8, 1),     # 14 - 14 = 0 < 0.7: the watermark refuses the second
-        ([1, 1, 1, 1], 50, 50, 0.0, 2, 2),  # only two batch slots left
-        ([4, 4], 8, 20, 0.25, 8, 0),      # 8 - 4 = 4 < 5: the pool's watermark, not the free blocks'
-        ([], 5, 5, 0.0, 4, 0),
-    ]
-    rng = random.Random(7)
-    cases = [(b, f, t, w, s) for b, f, t, w, s, _ in hand]
-    for _ in range(300):
-        total = rng.choice([8, 10, 14, 20, 64])
-        blocks = [rng.randrange(0, 6) for _ in range(rng.randrange(0, 7))]
-        cases.append((blocks, rng.randrange(0, total + 1), total, rng.choice([0.0, 0.01, 0.05, 0.1, 0.2, 0.3]),
-                      rng.randrange(0, 8)))
-    for (blocks, free, total, wm, slots, want) in hand:
-        assert want == _library_admissions(blocks, free, total, wm, slots)  # keeps the hand cases honest
-    first = None
-    candidates: Optional[List[str]] = None
-    failures = 0
-    for blocks, free, total, wm, slots in cases:
-        want = _library_admissions(blocks, free, total, wm, slots)
-        call = f"admit_fcfs({blocks}, free_blocks={free}, total_blocks={total}, watermark={wm}, batch_slots={slots})"
-        given = list(blocks)
-        got = call_learner(admit_fcfs, (given, free, total, wm, slots), call, want)
-        if given != blocks:
-            raise fail(call, f"prompt_blocks left as {blocks}", given, "do not modify the queue you are given")
-        if type(got) is not int:
-            expect_equal(call, want, got, "return the number of requests admitted, an int")
-        if got == want:
-            continue
-        # Name the one mistake that explains every failure seen (up to 20), not just this one.
-        matching = [name for name, switches in _FCFS_MISTAKES.items()
-                    if _fcfs(blocks, free, total, wm, slots, **switches) == got]
-        candidates = matching if candidates is None else [m for m in candidates if m in matching]
-        first = first or (call, want, got)
-        failures += 1
-        if failures == 20:
-            break
-    if first is not None:
-        call, want, got = first
-        raise fail(call, want, got, candidates[0] if candidates else
-                   "work through this call request by request: which one is refused first, and why")
-    passed("07.1")
 
 
 # --------------------------------------------------------------------------- 07.2
@@ -533,8 +426,8 @@ def check_victim_policy(choose_victim: Callable[[View, int], int]) -> None:
     summary = (f"recomputed tokens, all workloads: yours {mine_total}, newest-first {base_total} "
                f"({ratio:.0%} of it; the bar is {RECOMPUTE_THRESHOLD:.0%})")
     if ratio > RECOMPUTE_THRESHOLD:
-        hint = ("newest-first preempts the request that has done the least decoding, but that is not the one "
-                "whose K/V is cheapest to rebuild: look at what a preemption throws away")
+        hint = ("newest-first never asks what a preemption costs; take a few of its preemptions on one workload "
+                "and work out what each other running request would have cost instead")
         if ratio == 1.0:
             hint = "this is newest-first itself (the engine's rule); the task asks for a cheaper one. " + hint
         raise fail(f"your policy on the check's workloads (recomputed tokens)\n{table}",

@@ -4,15 +4,15 @@ Expected values come from the library: ``reservation_size`` for the reservation 
 the other two tasks the simulator itself. Its scheduler serves small workloads here while a
 thin wrapper around the memory model records each step's state; the learner's function gets
 that state and must give the parts of the scheduler's own ``StepSnapshot``, or, from a run's
-snapshots, the averages of its ``SimResult``. A few tiny cases are verified by hand.
+snapshots, the averages of its ``SimResult`` (task 08.3's meter, in :mod:`._checks_08_meter`). A few
+tiny cases are verified by hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..simulate import (
@@ -24,6 +24,8 @@ from ..simulate import (
     run_schedule,
 )
 from ..simulate.reservation import RESERVATIONS, reservation_size
+from ._checks_08_meter import check_memory_meter  # noqa: F401  (task 08.3, a check of its own module)
+from ._checks_08_unknown import expect_unknown_sequences_refused
 from ._common import (
     CheckFailure,
     call_learner,
@@ -52,13 +54,14 @@ FORBIDDEN: tuple[str, ...] = (
     "paged_kv_lib.invariants",
     "paged_kv_lib.seed",
     "paged_kv_lib.simulate.reservation",
+    "paged_kv_lib.simulate.metrics",  # its Averager is task 08.3's answer (StepSnapshot is importable from the package)
     "paged_kv_lib.course.starters",  # 08.4 measures the learner's own class: no starter stands in for it
 )
 
 # Forbidden modules that are not stubs in the learner's kernel (delegation.kernel_stubbed_modules):
 # The simulator package (the tasks' data) imports the reservation rules, so they stay real in the kernel;
 # the scan of the solution cells and the notebook's check still refuse a solution that uses them.
-KERNEL_NEEDS = ("paged_kv_lib.simulate.reservation",)
+KERNEL_NEEDS = ("paged_kv_lib.simulate.reservation", "paged_kv_lib.simulate.metrics")
 
 Running = list[tuple[int, int, int]]
 State = tuple[int, Running, list[int], int | None]  # capacity, running, free_holes, first_waiting
@@ -287,72 +290,6 @@ def check_memory_parts(memory_parts: Callable[[int, Running, list[int], int | No
     passed("08.2")
 
 
-# --------------------------------------------------------------------------- 08.3
-_AVERAGE_KEYS = PARTS + ("mean_batch",)
-
-
-def _snap(step: int, parts: Sequence[int], running: int, waiting: int) -> StepSnapshot:
-    return StepSnapshot(step, *parts, running=running, waiting=waiting)
-
-
-def _averaging_cases() -> Iterator[tuple[str, list[StepSnapshot], int, dict[str, float]]]:
-    # By hand: two loaded steps (waiting > 0) among unloaded ones; only the loaded count.
-    snaps = [
-        _snap(0, (10, 20, 30, 0, 40), running=1, waiting=0),
-        _snap(1, (40, 20, 20, 20, 0), running=4, waiting=3),
-        _snap(2, (60, 10, 30, 0, 0), running=6, waiting=1),
-        _snap(3, (50, 0, 0, 0, 50), running=5, waiting=0),
-    ]
-    want = {"token_states": 0.5, "reserved": 0.15, "internal": 0.25, "external": 0.1, "free": 0.0, "mean_batch": 5.0}
-    yield "four hand-made steps, two of them loaded (capacity 100)", snaps, 100, want
-    # Nobody ever waits: every step counts.
-    snaps = [_snap(0, (10, 0, 6, 0, 84), 2, 0), _snap(1, (30, 4, 2, 0, 64), 3, 0)]
-    want = {"token_states": 0.2, "reserved": 0.02, "internal": 0.04, "external": 0.0, "free": 0.74, "mean_batch": 2.5}
-    yield "two hand-made steps, nobody waiting (capacity 100)", snaps, 100, want
-    # The simulator: its SimResult is the reference.
-    runs = [
-        ("sharegpt", 40, 0, None, 6000, "orca-oracle", 16),
-        ("sharegpt", 40, 0, None, 6000, "paged", 16),
-        ("alpaca", 200, 1, None, 2000, "orca-pow2", 16),
-        ("alpaca", 60, 2, 0.05, 15728, "paged", 16),  # arrivals too slow to load the cache
-    ]
-    for name, n, seed, rate, capacity, kind, block_size in runs:
-        workload = make_workload(name, n, seed=seed, rate=rate)
-        snaps: list[StepSnapshot] = []
-        result = run_schedule(workload, make_memory(kind, capacity, block_size=block_size), on_step=snaps.append)
-        want = {key: getattr(result, key) for key in _AVERAGE_KEYS}
-        what = (f"the {len(snaps)} snapshots of a run of {name}-like requests under {kind}, capacity {capacity}"
-                f" ({'some' if result.window == 'loaded' else 'no'} loaded steps)")
-        yield what, snaps, capacity, want
-
-
-def check_time_averaged(time_averaged: Callable[[list[StepSnapshot], int], dict[str, float]]) -> None:
-    """Task 08.3: ``time_averaged(snapshots, capacity)`` -> the averaged fractions and the mean batch."""
-    for what, snaps, capacity, want in _averaging_cases():
-        call = f"time_averaged(<{what}>, capacity={capacity})"
-        got = call_learner(time_averaged, (list(snaps), capacity), call, want)
-        if not isinstance(got, dict) or set(got) != set(_AVERAGE_KEYS):
-            raise fail(call, want, got, f"return a dict with exactly the keys {list(_AVERAGE_KEYS)}")
-        for key in _AVERAGE_KEYS:
-            value = got[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise fail(call, want, got, f"{key!r} must be a finite number, got {value!r}")
-        bad = [k for k in _AVERAGE_KEYS if not math.isclose(got[k], want[k], rel_tol=1e-9, abs_tol=1e-12)]
-        if bad:
-            if any(got[k] > 1.0 + 1e-9 for k in PARTS):
-                hint = "the parts are fractions of the capacity (0 to 1): divide each average by capacity"
-            elif any(s.waiting for s in snaps):
-                hint = ("average only the loaded steps, those with waiting > 0, parts and mean_batch alike; "
-                        "every loaded step weighs the same")
-            else:
-                hint = "no step is loaded here, so average over every snapshot"
-            raise fail(call, want, got, f"{bad} differ; {hint}")
-    call = "time_averaged([], capacity=100)"
-    expect_raises(time_averaged, ([], 100), call, ValueError,
-                   "with no snapshots there is nothing to average: raise ValueError")
-    passed("08.3")
-
-
 # --------------------------------------------------------------------------- 08.4
 def _small_workloads() -> Iterator[tuple[str, Any, int, int]]:
     """(what, workload, capacity, block size): short requests, so a run makes about a thousand calls."""
@@ -378,6 +315,7 @@ def check_allocator_in_simulation(MyAllocator: Any) -> None:
     from ..conformance import simulate_with_classes as simulate_with_class
     from ..simulate import simulate
 
+    expect_unknown_sequences_refused(MyAllocator)  # the contract's refusals the simulator never exercises
     for what, workload, capacity, block_size in _small_workloads():
         (want,) = simulate(workload, capacity, allocators=["paged"], block_size=block_size)
         call = (f"simulate(<{what}>, capacity_tokens={capacity}, allocators=[MyAllocator], "

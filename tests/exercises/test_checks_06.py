@@ -10,7 +10,7 @@ from paged_kv_lib.conformance import AllocatorContractError
 from paged_kv_lib.course.starters.after_05 import AllocatorAfter05
 from paged_kv_lib.course.starters.after_06 import AllocatorAfter06, content_key
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_06 import (check_allocator_conforms, check_eviction_order, check_prefix_caching_allocator, check_remove_from_free_queue, check_salted_block_key, check_serves_forked_samples, check_serves_shared_prefix, check_sharing_allocator)
+from paged_kv_lib.grading.checks_06 import (check_allocator_conforms, check_eviction_order, check_prefix_caching_allocator, check_salted_block_key, check_serves_forked_samples, check_serves_shared_prefix, check_sharing_allocator, check_take_from_free_queue)
 from paged_kv_lib.grading.checks_06 import (
     CACHE_MISTAKES,
     COPY_MISTAKES,
@@ -19,6 +19,7 @@ from paged_kv_lib.grading.checks_06 import (
     lru_order,
     simulate_eviction,
 )
+from paged_kv_lib.free_queue import FreeBlockQueue
 from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
 from paged_kv_lib.grading.notebook_tasks import cell_meta, read_notebook
 
@@ -40,7 +41,7 @@ def test_an_untouched_task_says_so_in_one_line():
 
     assert fails(check_sharing_allocator, Untouched) == "task 06.1 is not written yet"
     assert fails(check_prefix_caching_allocator, UntouchedCache) == "task 06.3 is not written yet"
-    for check in (check_salted_block_key, check_eviction_order, check_remove_from_free_queue):
+    for check in (check_salted_block_key, check_eviction_order, check_take_from_free_queue):
         assert fails(check, not_implemented).startswith("this task is not written yet")
 
 
@@ -70,10 +71,38 @@ def test_prefix_cache_and_key_and_eviction_correct(capsys):
     passes(check_prefix_caching_allocator, AllocatorAfter06, "06.3", capsys)
     passes(check_salted_block_key, content_key, "06.2", capsys)
 
+    def reused_near_the_head_kept(candidates):
+        return [c["block"] for c in sorted(candidates, key=lambda c: (c["uses"] > 1 and c["position"] < 8,
+                                                                       c["last_used"], -c["position"]))]
+
+    passes(check_eviction_order, reused_near_the_head_kept, "06.4", capsys)
+
+
+def test_a_rule_on_use_counts_alone_does_not_beat_lru():
     def frequency_first(candidates):
         return [c["block"] for c in sorted(candidates, key=lambda c: (c["uses"] > 1, c["last_used"], -c["position"]))]
 
-    passes(check_eviction_order, frequency_first, "06.4", capsys)
+    assert "a hit rate of at least" in fails(check_eviction_order, frequency_first)
+
+
+def _take_through_library_queue(prev, next_, block_ids):
+    """A correct 06.5 answer built on the library's queue (fine here: the tests may use the library)."""
+    queue = FreeBlockQueue(len(next_) - 1)
+    queue._prev, queue._next = list(prev), list(next_)
+    queue._len = sum(1 for _ in queue)
+    if len(set(block_ids)) != len(block_ids) or not all(type(b) is int and b in queue for b in block_ids):
+        raise ValueError(f"not distinct queued blocks: {block_ids}")
+    for block_id in block_ids:
+        queue.remove(block_id)
+    for i, (p, n) in enumerate(zip(queue._prev, queue._next)):
+        if prev[i] != p:
+            prev[i] = p
+        if next_[i] != n:
+            next_[i] = n
+
+
+def test_take_from_free_queue_counts_reads(capsys):
+    assert "your code walks the queue" in fails(check_take_from_free_queue, _take_through_library_queue)
 
 
 @pytest.mark.parametrize("make, message", COPY_MISTAKES, ids=[m.__name__ for m, _ in COPY_MISTAKES])

@@ -10,7 +10,9 @@ import pytest
 from check_helpers import fails, not_implemented, passes
 
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_07 import (check_admit_fcfs, check_choose_victims, check_choose_victims_by_priority, check_preemption_cost, check_victim_policy)
+from paged_kv_lib.block import cdiv
+from paged_kv_lib.grading import _checks_07_admission as admission
+from paged_kv_lib.grading.checks_07 import (check_plan_admission, check_choose_victims, check_choose_victims_by_priority, check_preemption_cost, check_victim_policy)
 from paged_kv_lib.grading import checks_07
 from paged_kv_lib.grading.delegation import forbidden_modules
 
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize(
-    "check", [check_admit_fcfs, check_choose_victims, check_choose_victims_by_priority, check_preemption_cost]
+    "check", [check_plan_admission, check_choose_victims, check_choose_victims_by_priority, check_preemption_cost]
 )
 def test_an_untouched_task_raises_not_implemented(check):
     with pytest.raises(NotImplementedError):
@@ -26,107 +28,62 @@ def test_an_untouched_task_raises_not_implemented(check):
 
 
 # --------------------------------------------------------------------------- 07.1
-def admit_fcfs(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    admitted = 0
-    for need in prompt_blocks:
-        if admitted == batch_slots or free_blocks - need < watermark * total_blocks:
+def plan_admission(prompt_tokens, block_size, free_blocks, total_blocks, watermark, batch_slots):
+    """A correct answer, written apart from the check's reference."""
+    if block_size < 1 or batch_slots < 0 or not 0 <= free_blocks <= total_blocks or not 0 <= watermark <= 1:
+        raise ValueError("bad arguments")
+    if min(prompt_tokens, default=0) < 0:
+        raise ValueError("negative prompt")
+    keep = math.ceil(watermark * total_blocks)
+    admitted, rejected = [], []
+    for i, tokens in enumerate(prompt_tokens):
+        need = cdiv(tokens, block_size)
+        if need > total_blocks - keep:
+            rejected.append(i)
+            continue
+        if len(admitted) == batch_slots or free_blocks - need < keep:
             break
         free_blocks -= need
-        admitted += 1
-    return admitted
+        admitted.append(i)
+    return admitted, rejected
 
 
-def test_admit_fcfs_correct(capsys):
-    passes(check_admit_fcfs, admit_fcfs, "07.1", capsys)
+def test_plan_admission_correct(capsys):
+    passes(check_plan_admission, plan_admission, "07.1", capsys)
 
 
-def skips_ahead(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    admitted = 0
-    for need in prompt_blocks:
-        if admitted < batch_slots and free_blocks - need >= watermark * total_blocks:
-            free_blocks -= need
-            admitted += 1
-    return admitted
+def test_the_reference_rule_is_the_library_allocators():
+    for args in admission._cases():
+        assert admission._plan(*args) == admission._library_plan(*args), args
 
 
-def no_watermark(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    return admit_fcfs(prompt_blocks, free_blocks, total_blocks, 0.0, batch_slots)
+@pytest.mark.parametrize("name", list(admission.MISTAKES))
+def test_plan_admission_names_each_mistake(name):
+    switches = admission.MISTAKES[name]
+
+    def wrong(prompt_tokens, block_size, free_blocks, total_blocks, watermark, batch_slots):
+        plan_admission(prompt_tokens, block_size, free_blocks, total_blocks, watermark, batch_slots)  # its errors
+        return admission._plan(prompt_tokens, block_size, free_blocks, total_blocks, watermark, batch_slots,
+                               **switches)
+
+    assert name in fails(check_plan_admission, wrong)
 
 
-def strict_inequality(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    admitted = 0
-    for need in prompt_blocks:
-        if admitted == batch_slots or free_blocks - need <= watermark * total_blocks:
-            break
-        free_blocks -= need
-        admitted += 1
-    return admitted
+def test_plan_admission_refuses_a_changed_queue_and_a_wrong_type():
+    def pops(prompt_tokens, *args):
+        result = plan_admission(list(prompt_tokens), *args)
+        prompt_tokens.clear()
+        return result
+
+    assert "do not modify the queue" in fails(check_plan_admission, pops)
+    assert "a tuple of two lists" in fails(check_plan_admission, lambda *args: list(plan_admission(*args)))
 
 
-def never_takes_the_blocks(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    admitted = 0
-    for need in prompt_blocks:
-        if admitted == batch_slots or free_blocks - need < watermark * total_blocks:
-            break
-        admitted += 1
-    return admitted
+def test_plan_admission_wants_each_bad_argument_refused():
+    def lax(prompt_tokens, block_size, *args):
+        return plan_admission([max(t, 0) for t in prompt_tokens], block_size, *args)
 
-
-def floors_the_watermark(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    admitted = 0
-    for need in prompt_blocks:
-        if admitted == batch_slots or free_blocks - need < int(watermark * total_blocks):
-            break
-        free_blocks -= need
-        admitted += 1
-    return admitted
-
-
-def ignores_batch_slots(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    return admit_fcfs(prompt_blocks, free_blocks, total_blocks, watermark, len(prompt_blocks))
-
-
-def pops_the_queue(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    admitted = 0
-    while prompt_blocks and admitted < batch_slots and free_blocks - prompt_blocks[0] >= watermark * total_blocks:
-        free_blocks -= prompt_blocks.pop(0)
-        admitted += 1
-    return admitted
-
-
-def weighs_before_taking(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    admitted = 0
-    for need in prompt_blocks:
-        if admitted == batch_slots or need > free_blocks or free_blocks < watermark * total_blocks:
-            break
-        free_blocks -= need
-        admitted += 1
-    return admitted
-
-
-def watermark_of_the_free_blocks(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    admitted = 0
-    for need in prompt_blocks:
-        if admitted == batch_slots or free_blocks - need < watermark * free_blocks:
-            break
-        free_blocks -= need
-        admitted += 1
-    return admitted
-
-
-@pytest.mark.parametrize("wrong, words", [
-    (skips_ahead, "head-of-line"),
-    (no_watermark, "never applied"),
-    (strict_inequality, "exactly watermark * total_blocks"),
-    (never_takes_the_blocks, "never went down"),
-    (floors_the_watermark, "rounded down"),
-    (ignores_batch_slots, "batch_slots"),
-    (weighs_before_taking, "before this request takes its own"),
-    (watermark_of_the_free_blocks, "fraction of the whole pool"),
-    (pops_the_queue, "do not modify the queue"),
-])
-def test_admit_fcfs_names_each_mistake(wrong, words):
-    assert words in fails(check_admit_fcfs, wrong)
+    assert "a prompt of -3 tokens" in fails(check_plan_admission, lax)
 
 
 # --------------------------------------------------------------------------- 07.2
@@ -349,7 +306,7 @@ def test_victim_policy_threshold_is_measured_not_fixed():
 
 
 PLANTED = Path(__file__).parent / "planted" / "07"
-TASKS = {"07.1": (check_admit_fcfs, "admit_fcfs"), "07.2": (check_choose_victims, "choose_victims"),
+TASKS = {"07.1": (check_plan_admission, "plan_admission"), "07.2": (check_choose_victims, "choose_victims"),
          "07.3": (check_choose_victims_by_priority, "choose_victims_by_priority"),
          "07.4": (check_preemption_cost, "preemption_cost"), "07.5": (check_victim_policy, "choose_victim")}
 
@@ -359,7 +316,7 @@ def test_a_planted_mistake_is_named(path):
     source = path.read_text(encoding="utf-8")
     expect = source.splitlines()[0].removeprefix("# expect: ")
     check, name = TASKS[f"07.{path.stem.split('_')[1]}"]
-    namespace: dict = {"math": math}
+    namespace: dict = {"math": math, "cdiv": cdiv}  # what the setup cell defines
     exec(compile(source, str(path), "exec"), namespace)
     assert expect in fails(check, namespace[name])
 

@@ -14,6 +14,7 @@ import hashlib
 from typing import Dict, List, Optional, Sequence
 
 from ..._validate import as_token_ids
+from ...block import cdiv
 from ...errors import OutOfBlocksError
 from .after_05 import AllocatorAfter05
 
@@ -76,7 +77,7 @@ class AllocatorAfter06(AllocatorAfter05):
         for start in range(0, len(tokens) - bs + 1, bs):
             keys.append(self._key(keys[-1] if keys else None, tokens[start:start + bs]))
         hits = self._lookup(keys)
-        new = -(-len(tokens) // bs) - len(hits)
+        new = cdiv(len(tokens), bs) - len(hits)
         idle_hits = [b for b in hits if self.ref_counts[b] == 0]
         if new + len(idle_hits) > len(self.free):
             raise OutOfBlocksError(new, len(self.free) - len(idle_hits), f"allocate sequence {seq_id}")

@@ -1,12 +1,16 @@
 # expect: is the sentinel
 # ruff: noqa  (a notebook cell: it uses names the cells above it define)
-def remove_from_free_queue(prev, next_, block_id):
-    """Unlink `block_id` from the doubly linked free queue held in `prev` / `next_`, in O(1)."""
+def take_from_free_queue(prev, next_, block_ids):
+    """Checks every id first, but counts the sentinel as a block."""
     sentinel = len(next_) - 1
-    if type(block_id) is not int or not 0 <= block_id <= sentinel:
-        raise ValueError(f"{block_id!r} is not a block id: blocks are 0..{sentinel - 1}")
-    left, right = prev[block_id], next_[block_id]
-    if left == NOT_QUEUED:
-        raise ValueError(f"block {block_id} is not in the free queue")
-    next_[left], prev[right] = right, left
-    prev[block_id] = next_[block_id] = NOT_QUEUED
+    for block_id in block_ids:
+        if type(block_id) is not int or not 0 <= block_id <= sentinel:
+            raise ValueError(f"{block_id!r} is not a block id")
+        if next_[block_id] == NOT_QUEUED:
+            raise ValueError(f"block {block_id} is not in the free queue")
+    if len(set(block_ids)) != len(block_ids):
+        raise ValueError("a block is named twice")
+    for block_id in block_ids:
+        before, after = prev[block_id], next_[block_id]
+        next_[before], prev[after] = after, before
+        prev[block_id] = next_[block_id] = NOT_QUEUED

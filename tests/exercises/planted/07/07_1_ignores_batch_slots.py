@@ -1,10 +1,20 @@
-# expect: batch_slots
-def admit_fcfs(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    """Forgets that the batch is bounded."""
-    admitted = 0
-    for need in prompt_blocks:
-        if free_blocks - need < watermark * total_blocks:
+# expect: more requests were admitted than the batch has slots for
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
+def plan_admission(prompt_tokens, block_size, free_blocks, total_blocks, watermark, batch_slots):
+    """Never looks at the batch."""
+    if block_size < 1 or batch_slots < 0 or not 0 <= free_blocks <= total_blocks or not 0 <= watermark <= 1:
+        raise ValueError("bad pool or batch")
+    if any(tokens < 0 for tokens in prompt_tokens):
+        raise ValueError("a prompt length is negative")
+    reserve = math.ceil(watermark * total_blocks)
+    admitted, rejected = [], []
+    for position, tokens in enumerate(prompt_tokens):
+        blocks = cdiv(tokens, block_size)
+        if blocks + reserve > total_blocks:
+            rejected.append(position)
+        elif free_blocks - blocks >= reserve:
+            free_blocks -= blocks
+            admitted.append(position)
+        else:
             break
-        free_blocks -= need
-        admitted += 1
-    return admitted
+    return admitted, rejected

@@ -1,9 +1,19 @@
 # expect: the free count never went down
-def admit_fcfs(prompt_blocks, free_blocks, total_blocks, watermark, batch_slots):
-    """Weighs every request against the same free count."""
-    admitted = 0
-    for need in prompt_blocks:
-        if admitted == batch_slots or free_blocks - need < watermark * total_blocks:
+# ruff: noqa  (a notebook cell: it uses names the cells above it define)
+def plan_admission(prompt_tokens, block_size, free_blocks, total_blocks, watermark, batch_slots):
+    """Weighs every request against the blocks free before the round."""
+    if block_size < 1 or batch_slots < 0 or not 0 <= free_blocks <= total_blocks or not 0 <= watermark <= 1:
+        raise ValueError("bad pool or batch")
+    if any(tokens < 0 for tokens in prompt_tokens):
+        raise ValueError("a prompt length is negative")
+    reserve = math.ceil(watermark * total_blocks)
+    admitted, rejected = [], []
+    for position, tokens in enumerate(prompt_tokens):
+        blocks = cdiv(tokens, block_size)
+        if blocks + reserve > total_blocks:
+            rejected.append(position)
+        elif len(admitted) < batch_slots and free_blocks - blocks >= reserve:
+            admitted.append(position)
+        else:
             break
-        admitted += 1
-    return admitted
+    return admitted, rejected

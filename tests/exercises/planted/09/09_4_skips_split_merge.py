@@ -28,7 +28,7 @@ def paged_decode_kernel(
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     for first in range(lo, hi, BLOCK_N):
         pos = first + tl.arange(0, BLOCK_N)
-        inside = pos < hi
+        inside = (pos < hi) & (pos // BLOCK_SIZE < max_blocks)
         ids = tl.load(block_tables_ptr + seq * stride_bts + pos // BLOCK_SIZE, mask=inside, other=-1).to(tl.int64)
         ok = inside & (ids >= 0) & (ids < num_blocks)
         where = ids[:, None] * stride_kb + kv * stride_kh + (pos % BLOCK_SIZE)[:, None] * stride_kt + col[None, :]
