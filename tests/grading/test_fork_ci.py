@@ -2,7 +2,7 @@
 
 A temporary clone of the course's exercises (solutions and learner versions) stands for the
 fork. The gate's command is ``python -m paged_kv_lib.grading.generate --check`` (what the
-sync gate in tests/test_exercises_gates.py runs), with and without ``PAGED_KV_LEARNER_FORK``.
+sync gate in tests/exercises/test_exercises_gates.py runs), with and without ``PAGED_KV_LEARNER_FORK``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ a CPU-only image with the learner extras, docker/Dockerfile a Jupyter stack imag
 
 ``repo2docker --no-build --debug .`` (it needs no Docker) runs when the command is found: on PATH or
 at ``$REPO2DOCKER``, e.g. from a throwaway venv: ``python -m venv /tmp/r2d && /tmp/r2d/bin/pip install
-jupyter-repo2docker && REPO2DOCKER=/tmp/r2d/bin/repo2docker pytest tests/test_platforms_binder_docker.py``.
+jupyter-repo2docker && REPO2DOCKER=/tmp/r2d/bin/repo2docker pytest tests/platforms/test_platforms_binder_docker.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BINDER = ROOT / "binder"
 DEV_TOOLS = ("pytest", "ruff", "mypy", "hypothesis", "nbval", "transformers", "playwright")
 

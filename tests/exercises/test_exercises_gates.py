@@ -32,7 +32,7 @@ from paged_kv_lib.grading.notebook_tasks import (
     validate_solution_notebook,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXERCISES = REPO / "exercises"
 SOLUTIONS = EXERCISES / "solutions"
 FIXTURES = REPO / "tests" / "fixtures" / "grading"

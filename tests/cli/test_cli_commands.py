@@ -9,7 +9,7 @@ from pathlib import Path
 
 from paged_kv_lib import cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _without_torch(tmp_path: Path) -> dict:

@@ -15,7 +15,7 @@ import nbformat
 import paged_kv_lib  # imported before os.path.isdir is stubbed
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("setup_cell", ROOT / "scripts" / "setup_cell.py")
 setup_cell = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(setup_cell)

@@ -16,7 +16,7 @@ def test_relocate_links():
     assert relocate_links("[docs](https://example.org/../../x)") == "[docs](https://example.org/../../x)"
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_relative_link_in_the_course_resolves():

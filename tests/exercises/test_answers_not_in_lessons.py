@@ -27,9 +27,9 @@ The same measure runs against the library code importable while a task's exercis
 graded (every module of ``paged_kv_lib`` except the exercise's ``FORBIDDEN``; issue 22):
 a reference solution that the library already holds is an answer one import away.
 
-Run it alone: ``.venv/bin/python -m pytest tests/test_answers_not_in_lessons.py -q -s``
+Run it alone: ``.venv/bin/python -m pytest tests/exercises/test_answers_not_in_lessons.py -q -s``
 (``-s`` shows the five largest library shares); or
-``.venv/bin/python tests/test_answers_not_in_lessons.py`` prints every task's two shares
+``.venv/bin/python tests/exercises/test_answers_not_in_lessons.py`` prints every task's two shares
 (lessons, then library).
 """
 
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ROOT / "lessons"
 SOLUTIONS = ROOT / "exercises" / "solutions"
 

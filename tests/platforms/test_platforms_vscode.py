@@ -12,7 +12,7 @@ import pytest
 from paged_kv_lib.grading import grader
 from paged_kv_lib.grading.notebook_tasks import cell_task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOLVED = ROOT / "exercises" / "solutions" / "03_the_allocator.ipynb"
 UNSOLVED = ROOT / "exercises" / "03_the_allocator.ipynb"
 

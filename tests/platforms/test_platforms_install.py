@@ -19,7 +19,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("ensure_torch", ROOT / "scripts" / "ensure_torch.py")
 ensure_torch = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ensure_torch)
