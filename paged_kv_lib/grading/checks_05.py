@@ -38,10 +38,15 @@ FORBIDDEN = (
     "paged_kv_lib.grading",
     "paged_kv_lib.conformance",
     "paged_kv_lib.conformance.differential",
-    "paged_kv_lib.conformance.engine",
     "paged_kv_lib.conformance.simulation",
     "paged_kv_lib.allocator",
-    "paged_kv_lib.block_manager",
+    "paged_kv_lib.block_manager",  # and the modules it is made of:
+    "paged_kv_lib.block_pool",
+    "paged_kv_lib.block_questions",
+    "paged_kv_lib.block_rules",
+    "paged_kv_lib.growth",
+    "paged_kv_lib.swap_space",
+    "paged_kv_lib.pool_stats",
     "paged_kv_lib.free_queue",
     "paged_kv_lib.prefix_cache",
     "paged_kv_lib.invariants",
@@ -51,6 +56,7 @@ FORBIDDEN = (
     "paged_kv_lib.course.starters.after_07",
     "paged_kv_lib.course.starters.after_08",
     "paged_kv_lib.course.starters.after_09",
+    "paged_kv_lib.model.contiguous",
 )
 
 # Forbidden modules that are not stubs in the learner's kernel (delegation.kernel_stubbed_modules):
@@ -59,7 +65,8 @@ FORBIDDEN = (
 # a solution that uses them.
 KERNEL_NEEDS = (
     "paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.free_queue", "paged_kv_lib.prefix_cache",
-    "paged_kv_lib.invariants",
+    "paged_kv_lib.invariants", "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
+    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats", "paged_kv_lib.model.contiguous",
 )
 
 

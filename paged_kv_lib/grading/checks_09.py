@@ -30,7 +30,6 @@ FORBIDDEN: tuple[str, ...] = (
     "paged_kv_lib.grading",
     "paged_kv_lib.conformance",
     "paged_kv_lib.conformance.differential",
-    "paged_kv_lib.conformance.engine",
     "paged_kv_lib.conformance.simulation",
     "paged_kv_lib.attention.triton_kernel",
     "paged_kv_lib.attention.reference",
