@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import Dict, List
 
-from paged_kv_lib import FreeBlockQueue, PagedKVCacheAllocator
+from paged_kv_lib import BlockManager, FreeBlockQueue
 
 
 def time_removals(queue, picks: List[int]) -> float:
@@ -32,7 +32,7 @@ def time_removals(queue, picks: List[int]) -> float:
 
 def time_allocator_hits(num_blocks: int, hits: int, seed: int = 0) -> float:
     """Mean seconds per allocation of a one-block prompt whose block is cached and free."""
-    alloc = PagedKVCacheAllocator(num_blocks, 4, 1, 1, allocate_cache=False)
+    alloc = BlockManager(num_blocks, 4)
     prompts = [[i, i + 1, i + 2, i + 3] for i in range(0, 4 * hits, 4)]
     for seq_id, prompt in enumerate(prompts):  # cache them, then free: they sit in the free queue
         alloc.allocate_for_sequence(seq_id, 4, token_ids=prompt)

@@ -26,7 +26,7 @@ from .prefix_cache import block_key, chain_keys
 
 __version__ = "0.1.0"
 
-_NEED_TORCH = {"AllocatorStats": ".allocator", "PagedKVCacheAllocator": ".allocator"}
+_NEED_TORCH = {"AllocatorStats": ".allocator", "BlockManager": ".block_manager", "PagedKVCacheAllocator": ".allocator"}
 
 
 def __getattr__(name: str):  # the allocator imports torch: loaded on first use, so `paged-kv doctor` runs without it
@@ -41,6 +41,7 @@ def __getattr__(name: str):  # the allocator imports torch: loaded on first use,
 __all__ = [
     "AllocatorStats",
     "Block",
+    "BlockManager",
     "BlocksInUseError",
     "BlockTable",
     "CacheNotAllocatedError",

@@ -21,11 +21,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._validate import as_count
 from .block import Block
 from .block_manager import BlockManager, ExtraKey, TokenIds
 from .block_table import BlockTable
-from .errors import InvalidArgumentError, PositionError
+from .cache_ops import padded_block_tables
+from .errors import PositionError
 from .kv_store import KVStore, Positions
 from .pool_stats import AllocatorStats
 
@@ -300,14 +300,8 @@ class PagedKVCacheAllocator:
         ``max_blocks`` defaults to the longest table; a larger fixed width suits kernels
         captured once for many steps.
         """
-        tables = [self.manager.table(s) for s in list(seq_ids)]
-        longest = max((len(t.block_ids) for t in tables), default=0)
-        width = longest if max_blocks is None else as_count(max_blocks, "max_blocks")
-        if width < longest:
-            raise InvalidArgumentError(f"max_blocks={width} is less than the longest table ({longest} blocks)")
-        rows = [t.block_ids + [-1] * (width - len(t.block_ids)) for t in tables]
-        out = torch.tensor(rows, dtype=torch.int32) if rows else torch.empty((0, width), dtype=torch.int32)
-        return out.reshape(len(tables), width).to(self.device)
+        tables = [self.manager.table(s).block_ids for s in list(seq_ids)]
+        return padded_block_tables(tables, self.device, max_blocks=max_blocks)
 
     def write_kv(
         self, seq_id: int, positions: Positions, k: torch.Tensor, v: torch.Tensor, *, layer: int = 0

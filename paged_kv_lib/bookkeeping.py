@@ -9,14 +9,12 @@ is both, the one type the engine is written against.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # annotations only: the bookkeeping side of these protocols needs no torch
+    import torch
 
-from ._validate import as_count
-from .errors import InvalidArgumentError
-
-__all__ = ["EngineAllocator", "EngineBookkeeping", "PagedKVView", "TokenIds", "padded_block_tables"]
+__all__ = ["EngineAllocator", "EngineBookkeeping", "PagedKVView", "TokenIds"]
 
 
 @runtime_checkable
@@ -54,22 +52,6 @@ class PagedKVView(Protocol):
     def block_table_tensor(self, seq_ids: Iterable[int], *, max_blocks: Optional[int] = None) -> torch.Tensor:
         """The sequences' block tables as one int tensor, one row each, padded with -1."""
         ...
-
-
-def padded_block_tables(tables: Sequence[Sequence[int]], device: torch.device, *,
-                        max_blocks: Optional[int] = None) -> torch.Tensor:
-    """Block tables as the int32 ``[len(tables), width]`` tensor :meth:`PagedKVView.block_table_tensor` returns.
-
-    Rows are padded with -1; ``width`` is the longest table, or ``max_blocks`` (a fixed width
-    suits kernels captured once for many steps), which may not be shorter.
-    """
-    longest = max((len(t) for t in tables), default=0)
-    width = longest if max_blocks is None else as_count(max_blocks, "max_blocks")
-    if width < longest:
-        raise InvalidArgumentError(f"max_blocks={width} is less than the longest table ({longest} blocks)")
-    rows = [list(t) + [-1] * (width - len(t)) for t in tables]
-    out = torch.tensor(rows, dtype=torch.int32) if rows else torch.empty((0, width), dtype=torch.int32)
-    return out.reshape(len(tables), width).to(device)
 
 
 TokenIds = Optional[Sequence[int]]

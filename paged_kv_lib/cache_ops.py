@@ -7,9 +7,12 @@ position in the pool: ``slot = block_id * block_size + offset``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
+
+from ._validate import as_count
+from .errors import InvalidArgumentError
 
 
 def slots_from_positions(
@@ -85,3 +88,19 @@ def transfer_blocks(src_kv: torch.Tensor, src: torch.Tensor, dst_kv: torch.Tenso
     """Copy blocks between two stacked caches, possibly on different devices (swapping)."""
     moved = src_kv[:, :, src.to(src_kv.device)]
     dst_kv[:, :, dst.to(dst_kv.device)] = moved.to(dst_kv.device)
+
+
+def padded_block_tables(tables: Sequence[Sequence[int]], device: torch.device, *,
+                        max_blocks: Optional[int] = None) -> torch.Tensor:
+    """Block tables as the int32 ``[len(tables), width]`` tensor :meth:`~paged_kv_lib.bookkeeping.PagedKVView.block_table_tensor` returns.
+
+    Rows are padded with -1; ``width`` is the longest table, or ``max_blocks`` (a fixed width
+    suits kernels captured once for many steps), which may not be shorter.
+    """
+    longest = max((len(t) for t in tables), default=0)
+    width = longest if max_blocks is None else as_count(max_blocks, "max_blocks")
+    if width < longest:
+        raise InvalidArgumentError(f"max_blocks={width} is less than the longest table ({longest} blocks)")
+    rows = [list(t) + [-1] * (width - len(t)) for t in tables]
+    out = torch.tensor(rows, dtype=torch.int32) if rows else torch.empty((0, width), dtype=torch.int32)
+    return out.reshape(len(tables), width).to(device)

@@ -29,7 +29,8 @@ import torch
 from .. import block_rules as rules
 from .._validate import as_count, as_iterable, as_seq_id
 from ..block import blocks_needed
-from ..bookkeeping import TokenIds, padded_block_tables
+from ..bookkeeping import TokenIds
+from ..cache_ops import padded_block_tables
 from ..errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, SequenceStateError
 from ..errors import UnknownSequenceError
 from ..kv_store import KVStore, Positions

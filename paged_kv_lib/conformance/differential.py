@@ -2,7 +2,7 @@
 
 Hypothesis draws a small pool (block sizes 1-5, 1-12 blocks) and a sequence of calls
 (allocations of 0 or more tokens, appends, forks, frees, lookups of unknown ids) and runs
-it on the learner's class and on :class:`~paged_kv_lib.PagedKVCacheAllocator` with prefix
+it on the learner's class and on the library's :class:`~paged_kv_lib.block_manager.BlockManager` with prefix
 caching off. After every call it compares what every correct allocator must agree on:
 
 * whether the call failed, and with which kind of error (``ValueError`` / ``RuntimeError``);
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Collection, Dict, List, Optional, Sequence, Tuple
 
-from ..allocator import PagedKVCacheAllocator
+from ..block_manager import BlockManager
 
 __all__ = ["OPERATIONS", "PARTS", "check_allocator"]
 
@@ -64,10 +64,8 @@ class _Call:
         return f"a.{self.method}({', '.join(repr(a) for a in self.args)})"
 
 
-def _reference(num_blocks: int, block_size: int) -> PagedKVCacheAllocator:
-    return PagedKVCacheAllocator(
-        num_blocks, block_size, 1, 1, allocate_cache=False, enable_prefix_caching=False
-    )
+def _reference(num_blocks: int, block_size: int) -> BlockManager:
+    return BlockManager(num_blocks, block_size, enable_prefix_caching=False)
 
 
 def _resolve(ops: Optional[Collection[str]]) -> Tuple[str, ...]:

@@ -12,6 +12,7 @@ import inspect
 from typing import Any, Optional
 
 from ..engine import Engine
+from ..stand_in import is_stand_in_class
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..model import TinyTransformer
 from .adapter import LearnerBackedAllocator
@@ -72,11 +73,7 @@ def _is_class(allocator: Any) -> bool:
     Under official grading the class is the judge's stand-in for an object that lives in the
     learner's kernel; the stand-in records the kind of that object (``builtins.type`` for a class).
     """
-    if isinstance(allocator, type):
-        return True
-    kind = type(allocator)
-    return (kind.__name__ == "Remote" and kind.__module__.startswith("paged_kv_lib.grading.")
-            and getattr(allocator, "_kind", None) == "builtins.type")
+    return isinstance(allocator, type) or is_stand_in_class(allocator)
 
 
 def _takes_token_ids(allocator: Any) -> bool:

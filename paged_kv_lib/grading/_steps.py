@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..allocator import PagedKVCacheAllocator
+from ..block_manager import BlockManager
 from ._common import call_learner, expect_raises, fail, is_int
 
 NAME = "MyAllocator"
@@ -52,8 +52,7 @@ class Steps:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.mistakes = list(mistakes)
         self.calls: List[Call] = []
-        self.ref = PagedKVCacheAllocator(num_blocks, block_size, 1, 1, allocate_cache=False,
-                                         enable_prefix_caching=prefix_caching)
+        self.ref = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
         self.mine = call_learner(cls, (num_blocks, block_size), self.program(), "an allocator object")
         self.compare("the pool starts with every block free", None)
 

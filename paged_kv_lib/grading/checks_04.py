@@ -47,7 +47,6 @@ FORBIDDEN: Tuple[str, ...] = (
     "paged_kv_lib.viz.plots",  # these three hold 04.2's and 04.5's index arithmetic in other words
     "paged_kv_lib.viz.hash_chain",
     "paged_kv_lib.model",
-    "paged_kv_lib.bookkeeping",  # padded_block_tables is 04.2's answer
 )
 
 
