@@ -1,30 +1,30 @@
 """Hidden cases of exercise 02: official grading only (``paged-kv release`` leaves this folder out).
 
 The visible checks use small numbers; this case uses block sizes where float arithmetic
-loses the last unit (past 2**53), which the contract allows (02.1 accepts any positive int).
+loses the last unit (past 2**53), which the contract allows (02.1 accepts any positive int):
+a batch's running block count done in floats admits a batch that does not fit, and then
+the batch is half admitted.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from paged_kv_lib.allocator import PagedKVCacheAllocator
-from paged_kv_lib.grading._common import call_learner, expect_equal, passed
-from paged_kv_lib.grading.checks_02 import Script
+from paged_kv_lib.errors import OutOfBlocksError
+from paged_kv_lib.grading._checks_02_script import STATE, Script, library, library_state
+from paged_kv_lib.grading._common import passed
 from paged_kv_lib.grading.hidden import case
 
 
-@case("02.3", points=1, hint="block_of with a block size past 2**53: keep to integer arithmetic (// and %)")
-def block_of_past_float_precision(MyAllocator: Any) -> None:
+@case("02.3", points=1, hint="a batch with a block size past 2**53 was not refused whole: count its blocks "
+                             "in integers (// and %)")
+def batch_past_float_precision(MyAllocator: Any) -> None:
     block_size = 2**53 + 1
-    a = Script(MyAllocator, 3, block_size)
-    ref = PagedKVCacheAllocator(3, block_size, 1, 1, allocate_cache=False, enable_prefix_caching=False)
-    a.call("allocate_for_sequence", 0, 2 * block_size)
-    ref.allocate_for_sequence(0, 2 * block_size)
-    table = ref.get_block_mapping(0)
-    for position in (0, block_size - 1, block_size, 2 * block_size - 1):
-        want = table[position // block_size]
-        call = f"{a.where()}; a.block_of(0, {position})"
-        got = call_learner(a.attribute("block_of"), (0, position), call, want)
-        expect_equal(call, want, got, "the block of a position is its table's entry position // block_size")
+    a, ref = Script(MyAllocator, 3, block_size), library(3, block_size)
+    requests = [(0, 2 * block_size + 1), (1, block_size)]  # 3 + 1 blocks, in a pool of 3
+    before = library_state(ref)
+    a.refused("allocate_batch", (requests,), (OutOfBlocksError, RuntimeError),
+              accepted="the batch needs 4 blocks and the pool has 3")
+    a.state({name: before[name] for name in STATE if name in before},
+            "a refused batch changes nothing ({name} changed)")
     passed("02.3")

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "exercises" / "solutions" / "09_paged_attention.ipynb"
 PLANTED = sorted((REPO / "tests" / "exercises" / "planted" / "09").glob("09_*.py"))
-SETUP = "import math\nimport torch\nimport triton\nimport triton.language as tl\n\n"
+SETUP = "import math\nimport torch\nimport triton\nimport triton.language as tl\nfrom paged_kv_lib.block import cdiv\n\n"
 
 
 def _cells() -> list[dict]:
@@ -313,8 +313,12 @@ def test_the_solution_kernels_compile_for_sm90():
 def test_a_probe_given_a_judge_proxy_reports_instead_of_launching():
     from paged_kv_lib.grading import probes
 
-    class Remote:  # the judge's proxy: a learner object that stayed in the kernel
+    from paged_kv_lib.stand_in import MARK
+
+    class Remote:  # the judge's proxy: a learner object that stayed in the kernel, marked as grading's is
         __slots__ = ("_caller", "_key", "_kind")
+
+    setattr(Remote, MARK, True)
 
     report = probes.triton_fold_tiles(Remote(), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8, 16))
     assert report[0] == "raised" and "outside the learner's kernel" in report[2]
