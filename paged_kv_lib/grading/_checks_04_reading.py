@@ -161,8 +161,25 @@ def check_gather_batch(my_gather_batch: Callable[..., torch.Tensor]) -> None:
 
 
 # --------------------------------------------------------------------------- 04.5 (debug)
-_NEGATIVE = ("a negative position was accepted: it is no token of the sequence, yet Python's negative "
-             "indexing quietly found a block for it")
+_NEGATIVE = "a negative position was accepted: the sequence has no position below 0, yet a row came back for it"
+_EMPTY_SLOT = "its slot lies in the table's blocks, but no token was written there (the cache holds NaN in it)"
+
+
+def _brief(value: Any) -> str:
+    """A short description of a tensor for a failure message (shape and dtype, no values); other values shown."""
+    return f"a {value.dtype} tensor of shape {tuple(value.shape)}" if is_tensor(value) else show(value)
+
+
+def _row_at(t: torch.Tensor, i: int) -> str:
+    return str([round(float(x), 4) for x in t[i].flatten()[:6].tolist()])
+
+
+def _first_row_differing(got: torch.Tensor, want: torch.Tensor) -> int:
+    """The first row where ``got`` and ``want`` differ (NaN equal to NaN); shapes and dtypes equal."""
+    for i in range(len(want)):
+        if not _same_bits(got[i], want[i]):
+            return i
+    return 0
 
 
 def _refusal_hint(position: int, num_tokens: int, capacity: int, block_size: int) -> str:
@@ -170,14 +187,12 @@ def _refusal_hint(position: int, num_tokens: int, capacity: int, block_size: int
     if position < 0:
         return _NEGATIVE
     if position == num_tokens:
-        room = ("; the slots past the tokens (the rest of the last block, a block reserved ahead) are room, not "
-                "tokens" if position < capacity else "")
+        slot = f"; {_EMPTY_SLOT}" if position < capacity else ""
         return (f"off by one at the end: the sequence holds {num_tokens} tokens, so position {position} is the "
-                f"first that holds none{room}")
+                f"first that holds none{slot}")
     if position < capacity:
-        return (f"position {position} is an empty slot: the sequence holds {num_tokens} tokens, and the slots past "
-                f"them (the rest of the last block, a block reserved ahead: {capacity} slots in all) are room, not "
-                "tokens")
+        return (f"position {position} was read, but the sequence holds {num_tokens} tokens (its table has "
+                f"{capacity} slots): {_EMPTY_SLOT}")
     return f"position {position} is past the table's last block of {block_size} slots"
 
 
@@ -200,7 +215,7 @@ def _refused(read_tokens: Callable[..., Any], args: tuple, call: str, accepted: 
         raise fail(call, "a ValueError", f"it raised {type(exc).__name__}: {exc}",
                    f"position {position} holds no token and was refused, but with a {type(exc).__name__}: that is "
                    "what indexing past a list or a tensor raises, not the contract's refusal (a ValueError)") from None
-    raise fail(call, "a ValueError", f"it returned {show(got)}", f"{accepted}: it holds no token, so it is refused")
+    raise fail(call, "a ValueError", f"it returned {_brief(got)}", f"{accepted}; the contract refuses such a position")
 
 
 def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
@@ -229,11 +244,12 @@ def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
                     call = _read_call(cache, table, n, positions)
                     got = call_learner(read_tokens, given, call, f"a {dtype} tensor of shape {tuple(want.shape)}")
                     if is_tensor(got) and got.dtype != dtype:
-                        raise fail(call, f"a {dtype} tensor of shape {tuple(want.shape)}", got,
-                                   f"the result is {got.dtype} and the cache holds {dtype}: the result is in the "
-                                   "cache's dtype (a tensor made without a dtype is float32)")
-                    expect_tensor(call, got, dtype=dtype, shape=tuple(want.shape),
-                                  hint="one [heads, dim] row per position asked for, in the cache's dtype")
+                        on = " (a read of no positions)" if not positions else ""
+                        raise fail(call, _brief(want), _brief(got),
+                                   f"the result came out {got.dtype} from a {dtype} cache{on}")
+                    if not is_tensor(got) or tuple(got.shape) != tuple(want.shape):
+                        raise fail(call, _brief(want), _brief(got),
+                                   "one [heads, dim] row per position asked for, in the cache's dtype")
                     if not _same_bits(given[0], cache):
                         raise fail(call + "  then k_cache", "k_cache unchanged", "changed",
                                    "reading must not write into the cache")
@@ -242,10 +258,15 @@ def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
                     if _same_bits(got, want):
                         continue
                     slots = [table[p // bs] * bs + p % bs for p in positions]
+                    i = _first_row_differing(got, want)
+                    wanted = f"{_brief(want)}; row {i} (position {positions[i]}) starts {_row_at(want, i)}"
+                    came = f"{_brief(got)}; row {i} starts {_row_at(got, i)}"
                     if _same_bits(got, cache.reshape(-1, heads, dim)[slots]):
-                        raise fail(call, want, got, _UNPERMUTED)
-                    raise fail(call, want, got, "some rows are another token's vectors: compare them position "
-                                                "by position with the table")
+                        raise fail(call, wanted, came,
+                                   f"row {i} (position {positions[i]}) holds values of the right block, but not "
+                                   "those of that position's slot: they belong to other heads or offsets of the block")
+                    raise fail(call, wanted, came, f"row {i} (position {positions[i]}) is not that position's "
+                                                   "vectors: compare the rows position by position with the table")
                 capacity = len(table) * bs
                 for position in dict.fromkeys((-1, -bs, capacity + bs, capacity, n + 1, capacity - 1, n)):
                     if 0 <= position < n:

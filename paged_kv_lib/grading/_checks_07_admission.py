@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from fractions import Fraction
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from ..allocator import PagedKVCacheAllocator
@@ -43,14 +44,14 @@ def _library_plan(prompts: Sequence[int], block_size: int, free: int, total: int
 def _plan(prompts: Sequence[int], bs: int, free: int, total: int, wm: float, slots: int, *,
           stop: bool = True, take: bool = True, of_total: bool = True, inclusive: bool = True,
           use_slots: bool = True, round_up: bool = True, exact_wm: bool = True, reject: bool = True,
-          never_keeps_wm: bool = True, reject_free: bool = True) -> Plan:
+          never_keeps_wm: bool = True, reject_free: bool = True, float_ceil: bool = True) -> Plan:
     """The rule with switches that plant the known mistakes (all True: the rule)."""
     admitted: List[int] = []
     rejected: List[int] = []
     for position, tokens in enumerate(prompts):
         need = cdiv(tokens, bs) if round_up else tokens // bs
         used = len(admitted) + (0 if reject_free else len(rejected))
-        pool_reserve = wm * total if exact_wm else int(wm * total)
+        pool_reserve = (wm * total if float_ceil else math.ceil(Fraction(wm) * total)) if exact_wm else int(wm * total)
         if reject and need > total - (pool_reserve if never_keeps_wm else 0):
             if not reject_free and used >= slots:
                 break
@@ -73,6 +74,9 @@ MISTAKES: Dict[str, dict] = {
     "the free count never went down: an admitted request's blocks are gone before the next one is weighed":
         dict(take=False),
     "the watermark is a fraction of the whole pool, not of the blocks free at the moment": dict(of_total=False),
+    "the reserve came out one block larger than the task's on a pool where watermark * total_blocks is a whole "
+    "number in floats (a watermark of 0.1 on 20 blocks is a reserve of 2): read again which number the reserve is":
+        dict(float_ceil=False),
     "a request that leaves exactly the reserve free was refused: that much is enough": dict(inclusive=False),
     "more requests were admitted than the batch has slots for": dict(use_slots=False),
     "a prompt whose last block is not full was counted as if that block were not needed": dict(round_up=False),
@@ -119,6 +123,8 @@ def _cases() -> List[tuple]:
         ([5, 5], 4, 10, 10, 0.0, 4),               # 5 tokens need 2 blocks of 4
         ([0, 0], 4, 3, 10, 0.3, 4),                # an empty prompt needs no block, but the reserve holds
         ([], 4, 5, 5, 0.0, 4),
+        ([8, 8], 4, 5, 10, 0.1, 4),                # 0.1 * 10 is 1.0 in floats: a reserve of 1, both admitted
+        ([41, 4, 90], 4, 10, 10, 0.0, 0),          # no slot left: 41 tokens are rejected all the same, 4 waits
     ]
     rng = random.Random(71)
     cases = list(hand)

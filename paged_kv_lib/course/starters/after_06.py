@@ -24,10 +24,11 @@ _ROOT = bytes(32)
 
 
 def content_key(parent: Optional[bytes], token_ids: Sequence[int], extra_key: Optional[bytes] = None) -> bytes:
-    """The 32-byte content key of a full block: SHA-256 over its parent's key, a length-framed salt, its tokens."""
+    """The 32-byte content key of a full block: SHA-256 over its parent's key, a length-framed salt (framed even
+    when empty, so no salt never reads as a salt), its tokens."""
     h = hashlib.sha256(_ROOT if parent is None else parent)
-    if extra_key:
-        h.update(len(extra_key).to_bytes(8, "little") + bytes(extra_key))
+    salt = bytes(extra_key or b"")
+    h.update(len(salt).to_bytes(8, "little") + salt)
     for token in token_ids:
         h.update(int(token).to_bytes(8, "little", signed=True))
     return h.digest()

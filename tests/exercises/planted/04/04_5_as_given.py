@@ -1,4 +1,4 @@
-# expect: the cache's layout is (block, head, offset, dim)
+# expect: but not those of that position's slot
 import torch
 
 

@@ -1,4 +1,4 @@
-# expect: the result is in the cache's dtype
+# expect: the result came out torch.float32 from a
 import torch
 
 

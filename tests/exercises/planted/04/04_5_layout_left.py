@@ -1,4 +1,4 @@
-# expect: the heads sit between the block and the offset
+# expect: but not those of that position's slot
 import torch
 
 

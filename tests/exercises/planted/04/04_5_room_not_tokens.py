@@ -1,4 +1,4 @@
-# expect: are room, not tokens
+# expect: but no token was written there
 import torch
 
 

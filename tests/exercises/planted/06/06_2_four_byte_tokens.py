@@ -3,8 +3,8 @@
 def salted_block_key(parent_key, token_ids, extra_key=None):
     """SHA-256 over the parent key (the root key when None), the length-framed salt, and the tokens."""
     message = bytearray(bytes(32) if parent_key is None else parent_key)
-    if extra_key:
-        message += len(extra_key).to_bytes(8, "little") + extra_key
+    salt = extra_key or b""
+    message += len(salt).to_bytes(8, "little") + salt
     for token in token_ids:
         message += int(token).to_bytes(4, "little", signed=True)
     return hashlib.sha256(bytes(message)).digest()

@@ -3,8 +3,8 @@
 def salted_block_key(parent_key, token_ids, extra_key=None):
     """SHA-256 over the salt, the tokens, then the parent key."""
     message = bytearray()
-    if extra_key:
-        message += len(extra_key).to_bytes(8, "little") + extra_key
+    salt = extra_key or b""
+    message += len(salt).to_bytes(8, "little") + salt
     for token in token_ids:
         message += int(token).to_bytes(8, "little", signed=True)
     message += bytes(32) if parent_key is None else parent_key

@@ -1,4 +1,4 @@
-# expect: a salt must never read as another salt
+# expect: with no salt your message is that of a salt with other tokens
 # ruff: noqa  (a notebook cell: it uses names the cells above it define)
 def salted_block_key(parent_key, token_ids, extra_key=None):
     """SHA-256 over the parent key (the root key when None), the length-framed salt, and the tokens."""
