@@ -22,10 +22,12 @@ ROOT_KEY = bytes(32)
 def block_key(parent_key: Optional[bytes], token_ids: Sequence[int], extra_key: Optional[bytes] = None) -> bytes:
     """The key of a full block holding ``token_ids`` after the block whose key is ``parent_key``."""
     digest = hashlib.sha256(parent_key or ROOT_KEY)
-    if extra_key:
-        # Length-prefixed so that (salt, tokens) pairs can't run into each other.
-        digest.update(len(extra_key).to_bytes(8, "little"))
-        digest.update(extra_key)
+    # The salt is always length-prefixed, 0 for none: otherwise "no salt" would read as any salt
+    # whose length is a multiple of 8 (its length and bytes parsed as token ids), and a prompt could
+    # be made to hit another tenant's blocks.
+    salt = extra_key or b""
+    digest.update(len(salt).to_bytes(8, "little"))
+    digest.update(salt)
     digest.update(array("q", token_ids).tobytes())
     return digest.digest()
 
