@@ -68,3 +68,12 @@ def test_longest_prefix_matches_a_model(ops):
             break
         expected.append(model[k])
     assert cache.longest_prefix(keys) == expected and len(cache) == len(model)
+
+
+def test_no_salt_never_reads_as_a_salt():
+    """With no salt written at all, a salt of 8k bytes would read as token ids: its length, then its bytes."""
+    tenant = int.from_bytes(b"tenant-7", "little", signed=True)
+    salted = block_key(None, [5], b"tenant-7")
+    assert salted != block_key(None, [8, tenant, 5])
+    assert salted != block_key(None, [tenant, 5])
+    assert block_key(None, [5], b"") == block_key(None, [5])  # an empty salt is no salt
