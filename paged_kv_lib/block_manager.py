@@ -23,7 +23,7 @@ from .block_questions import BlockQuestions
 from .block_table import BlockTable
 from .errors import BlocksInUseError, DuplicateSequenceError
 from .errors import OutOfBlocksError, SequenceStateError, UnknownSequenceError
-from .growth import DecodeBatch, add_blocks, copy_shared, grow_checked
+from .growth import DecodeBatch, add_blocks, append_tokens_batch, copy_shared, grow_checked
 from .invariants import check_invariants
 from .pool_stats import AllocatorStats, pool_stats
 from .prefix_cache import PromptPlan, as_extra_key
@@ -57,7 +57,7 @@ class BlockManager(BlockQuestions):
         self._tables: Dict[int, BlockTable] = {}
         self._limits: Dict[int, int] = {}  # resident sequence -> length it may reach unchecked
         self._swap = SwapSpace(self.num_cpu_blocks)
-        self._removals = 0  # tables dropped so far (freed or swapped out): append_tokens_batch's memo reads it
+        self._edits = 0  # changes to resident tables outside append_tokens_batch's memo, which reads it
         self._batch = DecodeBatch()
 
     # ------------------------------------------------------------------ counts
@@ -184,6 +184,7 @@ class BlockManager(BlockQuestions):
         self._pool.share(parent.block_ids)
         self._tables[child_seq_id] = parent.copy()
         self._limits[parent_seq_id] = self._limits[child_seq_id] = 0  # their last block is shared now
+        self._edits += 1
 
     def free_sequence(self, seq_id: int) -> None:
         """Release a sequence's blocks (resident or swapped out); an unknown id is a no-op, as in the seed.
@@ -195,7 +196,7 @@ class BlockManager(BlockQuestions):
         table = self._tables.pop(seq_id, None)
         if table is not None:
             del self._limits[seq_id]
-            self._removals += 1
+            self._edits += 1
             self._pool.release(table.block_ids)
         elif seq_id in self._swap:
             self._swap.take(seq_id)
@@ -217,6 +218,7 @@ class BlockManager(BlockQuestions):
             new_len = table.num_tokens + num_tokens
             if table.num_tokens <= new_len <= self._limits[seq_id]:
                 table.num_tokens = new_len
+                self._edits += 1
                 return ()
             if num_tokens >= 0:  # args checked: a block boundary, or a shared tail to copy first
                 capacity = len(table.block_ids) * self.block_size
@@ -225,17 +227,7 @@ class BlockManager(BlockQuestions):
                 return grow_checked(self, seq_id, table, num_tokens, None)
         return grow_checked(self, seq_id, self.table(seq_id), as_count(num_tokens, "num_tokens"), token_ids)
 
-    def append_tokens_batch(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
-                            token_ids: Optional[Sequence[TokenIds]] = None) -> Dict[int, Tuple[int, ...]]:
-        """Grow every listed sequence by ``num_tokens`` in one call (a decode step); the block ids placed.
-
-        Validated once and atomic: unknown, swapped-out or repeated ids, ``token_ids`` of the wrong
-        shape, or too few free blocks for all of them together (shared tails counted as in
-        :meth:`can_append`) raise before any table changes. ``token_ids[i]`` are sequence ``i``'s new
-        tokens, so blocks that fill up become cacheable. Returns ``{seq_id: block ids placed}`` for the
-        sequences that got a new or copied block (on most decode steps, few or none).
-        """
-        return self._batch.grow(self, seq_ids, num_tokens, token_ids)
+    append_tokens_batch = append_tokens_batch  # growth.py: the decode step's one call, with its memo
 
     def append_block_to_sequence(self, seq_id: int) -> int:
         """The seed's low-level step: reserve one more (empty) block for a sequence whose blocks are full.
@@ -271,7 +263,7 @@ class BlockManager(BlockQuestions):
             raise OutOfBlocksError(n, len(self._swap.free), f"swap out sequence {seq_id}", pool="CPU")
         device_ids = table.block_ids
         del self._tables[seq_id], self._limits[seq_id]
-        self._removals += 1
+        self._edits += 1
         self._pool.release(device_ids)
         return list(device_ids), self._swap.store(seq_id, table)
 
@@ -348,6 +340,7 @@ class BlockManager(BlockQuestions):
     def _refresh_limit(self, seq_id: int, table: BlockTable) -> None:
         """Recompute up to what length the fast path of ``append_tokens`` may grow this resident table:
         its capacity when its last block is its own and it tracks no content, else its length."""
+        self._edits += 1
         ids = table.block_ids
         if table.token_ids is not None or not ids or self._blocks[ids[-1]].ref_count != 1:
             self._limits[seq_id] = table.num_tokens

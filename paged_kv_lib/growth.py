@@ -3,23 +3,25 @@
 :func:`add_blocks` is the common case past the fast path of :meth:`BlockManager.append_tokens` (the last
 block is full and the sequence's own: whole new blocks), :func:`grow_checked` the general one
 (copy-on-write of a shared last block, content keys for blocks that fill up). Both run after the
-manager checked the arguments. :meth:`BlockManager.append_tokens_batch` hands its work to :class:`DecodeBatch`, which keeps the
-ids it checked last time with their tables: a decode step grows the same sequences as the step
-before until one is dropped (freed or swapped out), so those ids need no checking or looking up
-again. Each call then does, per sequence, one add, one compare against the manager's fast-path
-limit and one store; the few sequences at a block boundary (or with a shared last block, or
-content to track) get their blocks after every one of them has been counted, so a refusal leaves
-every table as it was.
+manager checked the arguments.
+
+:func:`append_tokens_batch` (the manager's method) grows a decode step's sequences in one call. Its
+memo, :class:`DecodeBatch`, keeps the ids it checked last time, so the same list again (or that list
+less the sequences that finished, found at C speed by :func:`removed_positions`) needs no checking;
+and since a decode step adds one token to each of them, a clock tells in advance which sequences reach
+a block boundary at which step. A step then adds one to every count in one tight loop and touches only
+those few. Anything else (content to track, a shared last block, more than one token) takes the general
+path, which counts every sequence first, so a refusal leaves every table as it was.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, AbstractSet, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ._validate import as_count, as_iterable, as_token_ids
 from .block import cdiv
 from .block_table import BlockTable
-from .errors import InvalidArgumentError, OutOfBlocksError
+from .errors import EmptyFreeQueueError, InvalidArgumentError, OutOfBlocksError
 from .prefix_cache import extend_chain
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ def add_blocks(manager: "BlockManager", seq_id: int, table: BlockTable, new_len:
     table.block_ids += new_ids
     table.num_tokens = new_len
     manager._limits[seq_id] = len(table.block_ids) * block_size
+    manager._edits += 1
     return tuple(new_ids)
 
 
@@ -81,135 +84,254 @@ def copy_shared(manager: "BlockManager", seq_id: int, table: BlockTable,
         manager._refresh_limit(seq_id, table)
 
 
-class DecodeBatch:
-    """The memo of the last batch checked: its ids, their live tables, and the manager's removal count then."""
+def append_tokens_batch(self: "BlockManager", seq_ids: Iterable[int], num_tokens: int = 1, *,
+                        token_ids: Optional[Sequence["TokenIds"]] = None) -> Dict[int, Tuple[int, ...]]:
+    """Grow every listed sequence by ``num_tokens`` in one call (a decode step); the block ids placed.
 
-    __slots__ = ("ids", "rows", "epoch", "small")
+    Validated once and atomic: unknown, swapped-out or repeated ids, ``token_ids`` of the wrong
+    shape, or too few free blocks for all of them together (shared tails counted as in
+    :meth:`can_append`) raise before any table changes. ``token_ids[i]`` are sequence ``i``'s new
+    tokens, so blocks that fill up become cacheable. Returns ``{seq_id: block ids placed}`` for the
+    sequences that got a new or copied block (on most decode steps, few or none), exactly as one
+    ``append_tokens`` call per sequence, in the listed order, would.
+
+    (:class:`BlockManager` takes this function as its method, so a decode step costs one Python call.)
+    """
+    if type(num_tokens) is not int or num_tokens < 0:
+        num_tokens = as_count(num_tokens, "num_tokens")
+    ids: Sequence[Any] = seq_ids if type(seq_ids) in (list, tuple) else tuple(as_iterable(seq_ids, "seq_ids"))  # type: ignore[assignment]
+    batch = self._batch
+    if not (ids == batch.ids and type(ids) is type(batch.ids) and batch.epoch == self._edits
+            and (not batch.small or bool not in map(type, map(ids.__getitem__, batch.small)))):
+        batch._remember(self, ids)
+    if num_tokens != 1 or token_ids is not None or not batch.plain:
+        if not num_tokens and token_ids is None and batch.plain:  # plain rows: nothing to do or forget
+            return {}
+        return batch._grow_general(self, ids, num_tokens, token_ids)
+    clock, due = batch.clock + 1, batch.due
+    grown = due.pop(clock, None)  # the sequences that pass their limit at this tick, in listed order
+    if grown:
+        try:
+            new_ids = self._pool.take(len(grown))
+        except EmptyFreeQueueError:
+            due[clock] = grown
+            raise OutOfBlocksError(len(grown), self.num_free_blocks, f"grow {len(ids)} sequences by 1") from None
+    for table in batch.rows.values():
+        table.num_tokens += 1
+    batch.clock = clock
+    if not grown:
+        return {}
+    tables, limits, block_size = self._tables, self._limits, self.block_size
+    placed: Dict[int, Tuple[int, ...]] = {}
+    for seq_id, block_id in zip(grown, new_ids):
+        tables[seq_id].block_ids.append(block_id)
+        limits[seq_id] += block_size  # the limit was the capacity: one block more
+        placed[seq_id] = (block_id,)
+    later = due.get(clock + block_size)  # growing evenly, they pass their new limits block_size ticks later
+    if later is None:
+        due[clock + block_size] = grown
+    else:  # beside a sequence that started with an empty block: keep the listed order
+        later += grown
+        later.sort(key=batch.ids.index)
+    return placed
+
+
+class DecodeBatch:
+    """What ``append_tokens_batch`` remembers of the batch it last checked, so the next decode step does little.
+
+    A decode step usually lists the sequences the step before listed, or those less some that finished, in
+    the same order. Such a list needs no checking again. And since every listed sequence gains one token
+    per step, a clock (steps since the memo was made) tells in advance when each one passes its fast-path
+    limit: ``due[t]`` lists, in listed order, the sequences that need a new block when the clock reaches
+    ``t``. A step adds one to every count in one tight loop and gives blocks only to the sequences its
+    clock value names (at a block size of 16, one in 16 per step).
+
+    The clock holds while the manager's edit count is what it was when the memo was made (every change to a
+    resident table outside this class bumps it) and every remembered sequence is ``plain``: it owns its last
+    block and tracks no content. Otherwise a call takes the general path, one ``append_tokens`` per sequence
+    in effect, and the memo is rebuilt at the next call that needs it.
+    """
+
+    __slots__ = ("ids", "rows", "epoch", "small", "plain", "clock", "due")
 
     def __init__(self) -> None:
-        self.ids: Sequence[Any] = ()
-        self.rows: List[BlockTable] = []
-        self.epoch = -1
-        self.small: List[int] = []  # where ids holds 0 or 1 (a bool would compare equal there)
+        self.ids: Sequence[Any] = ()  # a copy of the list last passed
+        self.rows: Dict[int, BlockTable] = {}  # their live tables, in listed order
+        self.epoch = -1  # the manager's edit count when the memo was made
+        self.small: List[int] = []  # where ids holds 0 or 1 (True and False would compare equal there)
+        self.plain = False
+        self.clock = 0
+        self.due: Dict[int, List[int]] = {}
 
-    def grow(self, manager: "BlockManager", seq_ids: Any, num_tokens: Any,
-             token_ids: Optional[Sequence["TokenIds"]]) -> Dict[int, Tuple[int, ...]]:
-        """``manager.append_tokens_batch(seq_ids, num_tokens, token_ids=token_ids)`` (see there)."""
-        if type(num_tokens) is not int or num_tokens < 0:
-            num_tokens = as_count(num_tokens, "num_tokens")
-        ids = seq_ids if type(seq_ids) in (list, tuple) else tuple(as_iterable(seq_ids, "seq_ids"))
-        # The memo is a copy of the last ids checked, of the same type (a list never equals a tuple). ``==``
-        # would take False for 0 and True for 1, so the positions where the memo holds 0 or 1 are rechecked.
-        if (ids == self.ids and type(ids) is type(self.ids) and self.epoch == manager._removals
-                and (not self.small or bool not in map(type, map(ids.__getitem__, self.small)))):
-            rows = self.rows
-        else:
-            rows = self._check(manager, ids)
+    def _remember(self, manager: "BlockManager", ids: Sequence[Any]) -> None:
+        """Make the memo describe ``ids``: cheaply when they are the listed ones less a few, in order (the
+        checks and the clock still hold for them; a sequence once dropped has missed clock ticks, so it
+        never comes back this way), else by checking them and starting a new clock."""
+        if self.epoch == manager._edits and self.plain and type(ids) is type(self.ids):
+            gone = removed_positions(self.ids, ids, most=8)
+            if gone is not None and not (self.small and _holds_bool(ids)):
+                self._drop(manager, [self.ids[i] for i in gone])
+                self.ids = list(ids) if type(ids) is list else tuple(ids)
+                self.small = self._small(ids, self.rows.keys())
+                return
+        rows = _checked_tables(manager, ids)
+        self.ids, self.rows, self.epoch = list(ids) if type(ids) is list else tuple(ids), dict(zip(ids, rows)), manager._edits
+        self.small = self._small(ids, self.rows.keys())
+        self.clock, self.due = 0, {}
+        limits, block_size, due = manager._limits, manager.block_size, self.due
+        for seq_id, table in zip(ids, rows):
+            limit = limits[seq_id]
+            if table.token_ids is not None or limit != len(table.block_ids) * block_size:
+                self.plain = False
+                return
+            due.setdefault(limit - table.num_tokens + 1, []).append(seq_id)
+        self.plain = True
+
+    def _drop(self, manager: "BlockManager", dropped: Iterable[int]) -> None:
+        """Forget sequences no longer listed, and take them out of the clock's buckets (each sits in the one
+        its count and limit name)."""
+        rows, limits, due = self.rows, manager._limits, self.due
+        for seq_id in dropped:
+            key = limits[seq_id] - rows.pop(seq_id).num_tokens + self.clock + 1
+            bucket = due[key]
+            bucket.remove(seq_id)
+            if not bucket:
+                del due[key]
+
+    @staticmethod
+    def _small(ids: Sequence[int], live: AbstractSet[int]) -> List[int]:
+        """The positions of 0 and 1 in ``ids`` (where ``==`` would let False and True pass for them)."""
+        return [ids.index(v) for v in (0, 1) if v in live]
+
+    def _grow_general(self, manager: "BlockManager", ids: Sequence[Any], num_tokens: int,
+                      token_ids: Optional[Sequence["TokenIds"]]) -> Dict[int, Tuple[int, ...]]:
+        """Any batch (shared tails, content, several blocks per sequence): each sequence within its fast-path
+        limit just counts, the rest grow as ``append_tokens`` would, after all of them have been counted."""
+        rows = list(self.rows.values())
+        tokens = None
         if token_ids is not None:
             if len(token_ids) != len(ids):
                 raise InvalidArgumentError(f"token_ids has {len(token_ids)} entries for {len(ids)} sequences")
             tokens = [None if t is None else as_token_ids(t, num_tokens) for t in token_ids]
-            return self._grow_slow(manager, ids, rows, list(zip(ids, rows)), num_tokens, tokens)
-        limits = manager._limits
-        slow = []  # past their fast-path limit: a block boundary, a shared last block, or content tracked
-        for seq_id, table in zip(ids, rows):
-            new_len = table.num_tokens + num_tokens
-            if new_len <= limits[seq_id]:
-                table.num_tokens = new_len
-            else:
-                slow.append((seq_id, table))
-        if not slow:
-            return {}
-        # Most steps: a few sequences that own their last block, track no content, and need whole new
-        # blocks: one pop for all, dealt out in the listed order (the ids one call per sequence gives).
-        block_size = manager.block_size
-        for seq_id, table in slow:
-            if table.token_ids is not None or limits[seq_id] != len(table.block_ids) * block_size:
-                return self._grow_slow(manager, ids, rows, slow, num_tokens, None)
-        if num_tokens > block_size:  # a row may need several blocks
-            return self._grow_slow(manager, ids, rows, slow, num_tokens, None)
-        # Each of them is past its capacity by at most block_size tokens: one new block apiece.
-        if len(slow) > len(manager._free):
-            self._refuse_growth(rows, slow, num_tokens, len(slow), manager.num_free_blocks)
-        placed: Dict[int, Tuple[int, ...]] = {}
-        for (seq_id, table), block_id in zip(slow, manager._pool.take(len(slow))):
-            table.block_ids.append(block_id)
-            table.num_tokens += num_tokens
-            limits[seq_id] += block_size  # the limit was the capacity: it grows by the new block
-            placed[seq_id] = (block_id,)
+        if self.plain:  # the counts move without the clock: a new one starts at the next call
+            self.plain, self.epoch = False, -1
+        if tokens is not None:
+            placed = _grow_slow(manager, ids, rows, list(zip(ids, rows)), num_tokens, tokens)
+        else:
+            limits = manager._limits
+            slow = []  # past their fast-path limit: a block boundary, a shared last block, or content tracked
+            for seq_id, table in zip(ids, rows):
+                new_len = table.num_tokens + num_tokens
+                if new_len <= limits[seq_id]:
+                    table.num_tokens = new_len
+                else:
+                    slow.append((seq_id, table))
+            placed = _grow_slow(manager, ids, rows, slow, num_tokens, None) if slow else {}
+        if placed:
+            self.epoch = -1  # blocks moved (a copy may have made a tail plain): check afresh next time
         return placed
 
-    @staticmethod
-    def _refuse_growth(rows: List[BlockTable], slow: List[Tuple[int, BlockTable]], num_tokens: int,
-                       needed: int, free: int) -> None:
-        """Take back the fast path's growth of the rows not in ``slow`` (so nothing changed), then raise."""
-        held = {id(table) for _, table in slow}
-        for table in rows:
-            if id(table) not in held:
-                table.num_tokens -= num_tokens
-        raise OutOfBlocksError(needed, free, f"grow {len(rows)} sequences by {num_tokens}")
 
-    def _check(self, manager: "BlockManager", ids: Sequence[Any]) -> List[BlockTable]:
-        """The live tables of ``ids``, checked (ints, distinct, resident), remembered for the next call."""
-        tables = manager._tables
-        if len(set(ids)) != len(ids) or set(map(type, ids)) - {int}:
-            _refuse(manager, ids)
-        try:
-            rows = list(map(tables.__getitem__, ids))
-        except KeyError:
-            _refuse(manager, ids)
-            raise  # not reached
-        self.ids, self.rows, self.epoch = list(ids) if type(ids) is list else tuple(ids), rows, manager._removals
-        self.small = [i for i, seq_id in enumerate(ids) if seq_id in (0, 1)]
-        return rows
+def removed_positions(old: Sequence[Any], new: Sequence[Any], most: int) -> Optional[List[int]]:
+    """The positions in ``old`` of the elements it lost to become ``new``, when ``new`` is ``old`` less at most
+    ``most`` elements, order kept (``None`` otherwise). Slices compare at C speed, so a decode step whose
+    batch lost a finished sequence costs a few passes over the ids, not a check of each."""
+    lost = len(old) - len(new)
+    if not 0 < lost <= most:
+        return None
+    gone: List[int] = []
+    start = 0  # new[:start] is old[:start + len(gone)] less gone
+    while len(gone) < lost:
+        off = len(gone)
+        if new[start:] == old[start + off:len(new) + off]:  # the rest of old is gone
+            gone.extend(range(len(new) + off, len(old)))
+            return gone
+        lo, hi = start, len(new)  # new[start:lo] matches old from start + off on; new[start:hi + 1] does not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if new[start:mid] == old[start + off:mid + off]:
+                lo = mid
+            else:
+                hi = mid - 1
+        gone.append(lo + off)  # old[lo + off] is not new[lo]: it went
+        start = lo
+    return gone if new[start:] == old[start + lost:] else None
 
-    @staticmethod
-    def _grow_slow(manager: "BlockManager", ids: Sequence[Any], rows: List[BlockTable],
-                   slow: List[Tuple[int, BlockTable]], num_tokens: int,
-                   tokens: Optional[List[Optional[List[int]]]]) -> Dict[int, Tuple[int, ...]]:
-        """The general case: count the blocks the sequences past their fast-path limit need, shared tails
-        counted as in ``can_append`` (refusing, with the fast growth taken back, when too few are free),
-        then grow them in the listed order, copy-on-write and content keys through :func:`grow_checked`."""
-        block_size, limits, blocks = manager.block_size, manager._limits, manager._blocks
-        needed = 0
-        growers: Dict[int, int] = {}  # shared, non-full tail block -> how many listed sequences grow it
-        # (seq id, table, new blocks) for a table that owns its last block (or has none) and tracks no
-        # content: whole new blocks only. (seq id, table, 0): copy-on-write or keys, grow_checked.
-        grow: List[Tuple[int, BlockTable, int]] = []
-        for seq_id, table in slow:
-            capacity = len(table.block_ids) * block_size
-            if table.token_ids is None and limits[seq_id] == capacity:
-                new_blocks = max(0, cdiv(table.num_tokens + num_tokens - capacity, block_size))
-                needed += new_blocks
-                grow.append((seq_id, table, new_blocks))
-                continue
-            new_blocks, copy = manager._append_cost(table, num_tokens)
+
+def _holds_bool(ids: Sequence[Any]) -> bool:
+    """Whether ``ids`` holds False or True (which ``==`` takes for 0 or 1)."""
+    return (0 in ids and type(ids[ids.index(0)]) is bool) or (1 in ids and type(ids[ids.index(1)]) is bool)
+
+
+def _checked_tables(manager: "BlockManager", ids: Sequence[Any]) -> List[BlockTable]:
+    """The live tables of ``ids``, checked: ints, distinct, resident (typed errors otherwise)."""
+    rows = None
+    try:
+        if len(set(ids)) == len(ids) and not set(map(type, ids)) - {int}:
+            rows = list(map(manager._tables.__getitem__, ids))
+    except (KeyError, TypeError):  # not resident, or not hashable
+        pass
+    if rows is None:
+        _refuse(manager, ids)
+    return rows  # type: ignore[return-value]  # _refuse always raises
+
+
+def _refuse_growth(rows: List[BlockTable], slow: List[Tuple[int, BlockTable]], num_tokens: int,
+                   needed: int, free: int) -> None:
+    """Take back the fast path's growth of the rows not in ``slow`` (so nothing changed), then raise."""
+    held = {id(table) for _, table in slow}
+    for table in rows:
+        if id(table) not in held:
+            table.num_tokens -= num_tokens
+    raise OutOfBlocksError(needed, free, f"grow {len(rows)} sequences by {num_tokens}")
+
+
+def _grow_slow(manager: "BlockManager", ids: Sequence[Any], rows: List[BlockTable],
+               slow: List[Tuple[int, BlockTable]], num_tokens: int,
+               tokens: Optional[List[Optional[List[int]]]]) -> Dict[int, Tuple[int, ...]]:
+    """The general case: count the blocks the sequences past their fast-path limit need, shared tails
+    counted as in ``can_append`` (refusing, with the fast growth taken back, when too few are free),
+    then grow them in the listed order, copy-on-write and content keys through :func:`grow_checked`."""
+    block_size, limits, blocks = manager.block_size, manager._limits, manager._blocks
+    needed = 0
+    growers: Dict[int, int] = {}  # shared, non-full tail block -> how many listed sequences grow it
+    # (seq id, table, new blocks) for a table that owns its last block (or has none) and tracks no
+    # content: whole new blocks only. (seq id, table, 0): copy-on-write or keys, grow_checked.
+    grow: List[Tuple[int, BlockTable, int]] = []
+    for seq_id, table in slow:
+        capacity = len(table.block_ids) * block_size
+        if table.token_ids is None and limits[seq_id] == capacity:
+            new_blocks = max(0, cdiv(table.num_tokens + num_tokens - capacity, block_size))
             needed += new_blocks
-            if copy:
-                tail = table.block_ids[-1]
-                growers[tail] = growers.get(tail, 0) + 1
-            grow.append((seq_id, table, 0))
-        needed += sum(min(k, blocks[tail].ref_count - 1) for tail, k in growers.items())
-        free = manager.num_free_blocks
-        if needed > free:
-            if tokens is None:
-                DecodeBatch._refuse_growth(rows, slow, num_tokens, needed, free)
-            raise OutOfBlocksError(needed, free, f"grow {len(ids)} sequences by {num_tokens}")
-        pool = manager._pool
-        placed: Dict[int, Tuple[int, ...]] = {}
-        index = {seq_id: i for i, seq_id in enumerate(ids)}
-        for seq_id, table, n in grow:
-            if n:
-                new_ids = pool.take(n)
-                table.block_ids += new_ids
-                table.num_tokens += num_tokens
-                limits[seq_id] = len(table.block_ids) * block_size
-                got = tuple(new_ids)
-            else:
-                got = grow_checked(manager, seq_id, table, num_tokens, None if tokens is None else tokens[index[seq_id]])
-            if got:
-                placed[seq_id] = got
-        return placed
+            grow.append((seq_id, table, new_blocks))
+            continue
+        new_blocks, copy = manager._append_cost(table, num_tokens)
+        needed += new_blocks
+        if copy:
+            tail = table.block_ids[-1]
+            growers[tail] = growers.get(tail, 0) + 1
+        grow.append((seq_id, table, 0))
+    needed += sum(min(k, blocks[tail].ref_count - 1) for tail, k in growers.items())
+    free = manager.num_free_blocks
+    if needed > free:
+        if tokens is None:
+            _refuse_growth(rows, slow, num_tokens, needed, free)
+        raise OutOfBlocksError(needed, free, f"grow {len(ids)} sequences by {num_tokens}")
+    pool = manager._pool
+    placed: Dict[int, Tuple[int, ...]] = {}
+    index = {seq_id: i for i, seq_id in enumerate(ids)}
+    for seq_id, table, n in grow:
+        if n:
+            new_ids = pool.take(n)
+            table.block_ids += new_ids
+            table.num_tokens += num_tokens
+            limits[seq_id] = len(table.block_ids) * block_size
+            got = tuple(new_ids)
+        else:
+            got = grow_checked(manager, seq_id, table, num_tokens, None if tokens is None else tokens[index[seq_id]])
+        if got:
+            placed[seq_id] = got
+    return placed
 
 
 def _refuse(manager: "BlockManager", ids: Sequence[Any]) -> None:
