@@ -1,4 +1,9 @@
-"""``check_allocator`` passes a correct class and reports planted bugs as short, runnable call sequences."""
+"""``check_allocator`` passes a correct class and reports planted bugs as short, runnable call sequences.
+
+The correct class is the course's own learner answer once exercise 06 is done (``AllocatorAfter06``, the
+starter a learner stuck on 06 continues from); each planted bug is that class with one method wrong,
+written in the starters' names (``tables``, ``lengths``, ``free``, ``take_blocks``).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,9 @@ from paged_kv_lib.conformance import check_allocator
 from paged_kv_lib.conformance.differential import OPERATIONS, PARTS
 from paged_kv_lib.seed import seed_growth_rule
 
-from reference_allocator import ReferenceAllocator
+from paged_kv_lib.course.starters.after_05 import AllocatorAfter05
+from paged_kv_lib.course.starters.after_06 import AllocatorAfter06
+
 
 
 def report(cls, **kwargs) -> str:
@@ -37,26 +44,26 @@ def runs_to_the_difference(message: str, cls) -> None:
 
 def test_a_correct_class_passes_quickly():
     start = time.perf_counter()
-    check_allocator(ReferenceAllocator)
+    check_allocator(AllocatorAfter06)
     assert time.perf_counter() - start < 30
 
 
 @pytest.mark.parametrize("part", sorted(PARTS))
 def test_a_correct_class_passes_every_part(part):
-    check_allocator(ReferenceAllocator, ops=PARTS[part], max_examples=50)
+    check_allocator(AllocatorAfter06, ops=PARTS[part], max_examples=50)
 
 
 def test_ops_are_validated():
     with pytest.raises(ValueError, match="unknown operation"):
-        check_allocator(ReferenceAllocator, ops=["allocate_for_sequence", "get_block_mapping", "swap"])
+        check_allocator(AllocatorAfter06, ops=["allocate_for_sequence", "get_block_mapping", "swap"])
     with pytest.raises(ValueError, match="must include"):
-        check_allocator(ReferenceAllocator, ops=["allocate_for_sequence"])
+        check_allocator(AllocatorAfter06, ops=["allocate_for_sequence"])
     with pytest.raises(TypeError):
-        check_allocator(ReferenceAllocator, ops="fork")
+        check_allocator(AllocatorAfter06, ops="fork")
     assert set(PARTS["06"]) == set(OPERATIONS)
 
 
-class SeedGrowth(ReferenceAllocator):
+class SeedGrowth(AllocatorAfter06):
     """The seed's growth rule: a new block when (length + 1) % block_size == 0, one token early."""
 
     def append_tokens(self, seq_id, num_tokens=1):
@@ -64,12 +71,12 @@ class SeedGrowth(ReferenceAllocator):
             raise ValueError(f"sequence {seq_id} is not allocated")
         placed = []
         for _ in range(num_tokens):
-            if seed_growth_rule(self.num_tokens[seq_id], self.block_size):
-                if not self.free_queue:
+            if seed_growth_rule(self.lengths[seq_id], self.block_size):
+                if not self.free:
                     raise RuntimeError("out of blocks")
-                placed += self._take(1)
+                placed += self.take_blocks(1)
                 self.tables[seq_id] += placed[-1:]
-            self.num_tokens[seq_id] += 1
+            self.lengths[seq_id] += 1
         return placed
 
 
@@ -81,20 +88,8 @@ def test_the_seeds_growth_rule_fails_with_a_short_sequence():
     runs_to_the_difference(message, SeedGrowth)
 
 
-class NoCopyOnWrite(ReferenceAllocator):
-    """Grows correctly but writes into a shared last block instead of copying it."""
-
-    def append_tokens(self, seq_id, num_tokens=1):
-        if seq_id not in self.tables:
-            raise ValueError(f"sequence {seq_id} is not allocated")
-        table, old = self.tables[seq_id], self.num_tokens[seq_id]
-        needed = max(0, -(-(old + num_tokens) // self.block_size) - len(table))
-        if needed > len(self.free_queue):
-            raise RuntimeError("out of blocks")
-        new_ids = self._take(needed)
-        table.extend(new_ids)
-        self.num_tokens[seq_id] = old + num_tokens
-        return new_ids
+class NoCopyOnWrite(AllocatorAfter05):
+    """Exercise 05's answer: grows correctly but writes into a shared last block instead of copying it."""
 
 
 def test_an_allocator_without_copy_on_write_fails_and_is_named():
@@ -110,7 +105,7 @@ def test_without_copy_on_write_in_ops_the_same_class_passes():
     check_allocator(NoCopyOnWrite, ops=PARTS["05"], max_examples=100)
 
 
-class NotAtomic(ReferenceAllocator):
+class NotAtomic(AllocatorAfter06):
     """Pops blocks one by one and raises when the queue runs dry: the blocks taken so far leak."""
 
     def allocate_for_sequence(self, seq_id, num_prompt_tokens):
@@ -118,11 +113,11 @@ class NotAtomic(ReferenceAllocator):
             raise ValueError("duplicate")
         taken = []
         for _ in range(-(-num_prompt_tokens // self.block_size)):
-            if not self.free_queue:
+            if not self.free:
                 raise RuntimeError("out of blocks")
-            taken += self._take(1)
+            taken += self.take_blocks(1)
         self.tables[seq_id] = taken
-        self.num_tokens[seq_id] = num_prompt_tokens
+        self.lengths[seq_id] = num_prompt_tokens
 
 
 def test_a_non_atomic_failure_is_reported_as_a_change():
@@ -132,45 +127,45 @@ def test_a_non_atomic_failure_is_reported_as_a_change():
     assert code_lines(message)[0] == "a = NotAtomic(num_blocks=1, block_size=1)"
 
 
-class RoundsUp(ReferenceAllocator):
+class RoundsUp(AllocatorAfter06):
     """n // block_size + 1 blocks for a prompt."""
 
     def allocate_for_sequence(self, seq_id, num_prompt_tokens):
         if seq_id in self.tables:
             raise ValueError("duplicate")
         needed = num_prompt_tokens // self.block_size + 1
-        if needed > len(self.free_queue):
+        if needed > len(self.free):
             raise RuntimeError("out of blocks")
-        self.tables[seq_id] = self._take(needed)
-        self.num_tokens[seq_id] = num_prompt_tokens
+        self.tables[seq_id] = self.take_blocks(needed)
+        self.lengths[seq_id] = num_prompt_tokens
 
 
-class SharedMapping(ReferenceAllocator):
+class SharedMapping(AllocatorAfter06):
     def get_block_mapping(self, seq_id):
         if seq_id not in self.tables:
             raise ValueError("unknown")
         return self.tables[seq_id]
 
 
-class KeyErrorOnUnknown(ReferenceAllocator):
+class KeyErrorOnUnknown(AllocatorAfter06):
     def get_block_mapping(self, seq_id):
         return list(self.tables[seq_id])
 
 
-class ForkWithoutRefCounts(ReferenceAllocator):
+class ForkWithoutRefCounts(AllocatorAfter06):
     def fork(self, parent_seq_id, child_seq_id):
         if parent_seq_id not in self.tables or child_seq_id in self.tables:
             raise ValueError("bad fork")
         self.tables[child_seq_id] = list(self.tables[parent_seq_id])
-        self.num_tokens[child_seq_id] = self.num_tokens[parent_seq_id]
+        self.lengths[child_seq_id] = self.lengths[parent_seq_id]
 
 
-class FreeMethod(ReferenceAllocator):
+class FreeMethod(AllocatorAfter06):
     def num_free_blocks(self):  # a method, not a property
-        return len(self.free_queue)
+        return len(self.free)
 
 
-class KeepsStateOnTheClass(ReferenceAllocator):
+class KeepsStateOnTheClass(AllocatorAfter06):
     shared_free = deque()
 
 
@@ -192,7 +187,7 @@ def test_planted_bugs_are_named(cls, words):
 
 
 def test_a_foreign_exception_is_reported_as_data_not_a_traceback():
-    class Crashes(ReferenceAllocator):
+    class Crashes(AllocatorAfter06):
         def fork(self, parent_seq_id, child_seq_id):
             raise IndexError("boom")
 
@@ -202,7 +197,7 @@ def test_a_foreign_exception_is_reported_as_data_not_a_traceback():
 
 
 def test_not_implemented_propagates():
-    class Unwritten(ReferenceAllocator):
+    class Unwritten(AllocatorAfter06):
         def free_sequence(self, seq_id):
             raise NotImplementedError("Task 03.1: replace this line with your code")
 
