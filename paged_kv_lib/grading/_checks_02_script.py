@@ -2,7 +2,7 @@
 
 :class:`Script` makes calls on one learner allocator and records them as code, one call per
 line, so that a failure prints the calls that led there in a form the learner can paste into a
-cell. The expected values come from the library's ``PagedKVCacheAllocator`` driven through the
+cell. The expected values come from the library's ``BlockManager`` driven through the
 same calls (:func:`library`, :func:`library_state`), never from stored answers.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
-from ..allocator import PagedKVCacheAllocator
+from ..block_manager import BlockManager
 from ._common import CheckFailure, call_learner, expect_equal, fail, is_int, not_written, passed, show
 
 Errors = Union[Type[BaseException], Tuple[Type[BaseException], ...]]
@@ -19,12 +19,12 @@ UNKNOWN_ID = "an unknown sequence id is a ValueError (a KeyError from your dict 
 STATE = ("free", "ref_counts", "tables", "lengths")
 
 
-def library(num_blocks: int, block_size: int) -> PagedKVCacheAllocator:
+def library(num_blocks: int, block_size: int) -> BlockManager:
     """The library's allocator without tensors or prefix caching: the books the learner's class keeps."""
-    return PagedKVCacheAllocator(num_blocks, block_size, 1, 1, allocate_cache=False, enable_prefix_caching=False)
+    return BlockManager(num_blocks, block_size, enable_prefix_caching=False)
 
 
-def library_state(alloc: PagedKVCacheAllocator) -> Dict[str, Any]:
+def library_state(alloc: BlockManager) -> Dict[str, Any]:
     """A library allocator's books under the names "your allocator" uses (plain values)."""
     return {
         "free": list(alloc.free_blocks),

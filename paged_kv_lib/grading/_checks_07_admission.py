@@ -14,7 +14,7 @@ import random
 from fractions import Fraction
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from ..allocator import PagedKVCacheAllocator
+from ..block_manager import BlockManager
 from ..block import cdiv
 from ._common import call_learner, expect_raises, fail, passed
 
@@ -24,8 +24,8 @@ Plan = Tuple[List[int], List[int]]
 def _library_plan(prompts: Sequence[int], block_size: int, free: int, total: int, watermark: float,
                   slots: int) -> Plan:
     """(admitted, rejected) queue positions, from the library allocator's ``can_allocate``."""
-    empty = PagedKVCacheAllocator(total, block_size, 1, 1, allocate_cache=False)
-    pool = PagedKVCacheAllocator(total, block_size, 1, 1, allocate_cache=False)
+    empty = BlockManager(total, block_size)
+    pool = BlockManager(total, block_size)
     if total - free:
         pool.allocate_for_sequence(-1, (total - free) * block_size)
     admitted: List[int] = []

@@ -5,7 +5,7 @@
 * 02.2 growing by a block and giving back: ``append_block_to_sequence``, ``free_sequence``;
 * 02.3 a batch admitted whole or not at all: ``allocate_batch(requests)``.
 
-Expected values come from the library's ``PagedKVCacheAllocator`` driven through the same calls,
+Expected values come from the library's ``BlockManager`` driven through the same calls,
 never from stored answers. Scripted cases (:mod:`._checks_02_script`) name the usual mistakes; the
 differential check (:func:`paged_kv_lib.conformance.check_allocator`) then drives the class with
 random calls. Identity questions (is this list the allocator's own?) go through
@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..allocator import PagedKVCacheAllocator
+from ..block_manager import BlockManager
 from ..block import cdiv
 from . import probes
 from ._checks_02_script import UNKNOWN_ID, Script, library, library_state, run_differential, tasks_written
@@ -236,7 +236,7 @@ def _builtin(exc: BaseException) -> type:
     return type(exc)
 
 
-def _first_refusal(ref: PagedKVCacheAllocator, requests: Sequence[Request]) -> Optional[Tuple[int, BaseException]]:
+def _first_refusal(ref: BlockManager, requests: Sequence[Request]) -> Optional[Tuple[int, BaseException]]:
     """Make the requests one after another on a copy of ``ref``: the index and error of the first refused one.
 
     When none is refused, ``ref`` itself admits them all (in order) and the answer is ``None``.

@@ -5,7 +5,7 @@ allocator gets debugged.
 * 03.2 ``check_invariants``: the learner's own checker, run on valid and corrupted books;
 * 03.3 debug: ``ShakyAllocator`` (given in the notebook, three planted bugs) repaired.
 
-Expected states come from the library's ``PagedKVCacheAllocator`` driven through the same calls. The
+Expected states come from the library's ``BlockManager`` driven through the same calls. The
 corrupted books of 03.2 are a library state with one realistic bug applied, described in plain words.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..allocator import PagedKVCacheAllocator
+from ..block_manager import BlockManager
 from . import probes
 from ._common import call_learner, fail, not_written, passed, run_probe
 from ._checks_02_script import UNKNOWN_ID, Script, library, library_state, run_differential, tasks_written
@@ -43,7 +43,7 @@ SHARING_OPS = ("allocate_for_sequence", "get_block_mapping", "free_sequence", "f
 Op = Tuple[Any, ...]
 
 
-def _replay(num_blocks: int, block_size: int, trace: Sequence[Op]) -> PagedKVCacheAllocator:
+def _replay(num_blocks: int, block_size: int, trace: Sequence[Op]) -> BlockManager:
     alloc = library(num_blocks, block_size)
     for method, *args in trace:
         getattr(alloc, method)(*args)
@@ -197,7 +197,7 @@ def _corruptions() -> List[Tuple[str, Callable[[Books], None]]]:
     ]
 
 
-def _books(alloc: PagedKVCacheAllocator) -> Books:
+def _books(alloc: BlockManager) -> Books:
     return library_state(alloc)
 
 

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..allocator import PagedKVCacheAllocator
+from ..block_manager import BlockManager
 from ..errors import OutOfBlocksError
 from ._checks_07_admission import check_plan_admission  # noqa: F401  (task 07.1, a check of its own module)
 from ._common import CheckFailure, call_learner, expect_equal, fail, passed
@@ -257,7 +257,7 @@ def check_choose_victims_by_priority(choose_victims_by_priority: Callable[[Prior
 # --------------------------------------------------------------------------- 07.4
 def _library_costs(prompt_len: int, generated: int, block_size: int, mode: str) -> Dict[str, int]:
     held_tokens = prompt_len + generated - 1  # the last sampled token is not stored yet
-    alloc = PagedKVCacheAllocator(64, block_size, 1, 1, allocate_cache=False, num_cpu_blocks=64)
+    alloc = BlockManager(64, block_size, num_cpu_blocks=64)
     alloc.allocate_for_sequence(0, held_tokens)
     used = alloc.num_used_blocks
     if mode == "recompute":
@@ -270,7 +270,7 @@ def _library_costs(prompt_len: int, generated: int, block_size: int, mode: str) 
     alloc.swap_out(0)
     freed = used - alloc.num_used_blocks
     out = alloc.stats().cpu_total_blocks - alloc.stats().cpu_free_blocks
-    back = len(alloc.swap_in(0))
+    back = len(alloc.swap_in(0)[1])  # (cpu ids, device ids): the blocks copied back
     return {"freed_blocks": freed, "blocks_copied": out + back, "prefill_tokens": 0,
             "blocks_on_resume": alloc.num_used_blocks}
 
@@ -330,7 +330,7 @@ def _serve(requests: Sequence[Tuple[int, int]], num_blocks: int, block_size: int
     names the request to preempt: its blocks are freed and it goes back to the head of the
     queue, to prefill its prompt and every token it generated again when re-admitted.
     """
-    alloc = PagedKVCacheAllocator(num_blocks, block_size, 1, 1, allocate_cache=False, enable_prefix_caching=False)
+    alloc = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     waiting = list(range(len(requests)))[::-1]  # the end is the head
     generated = [0] * len(requests)
     running: List[int] = []
