@@ -272,8 +272,6 @@ class PagedKVCacheAllocator:
         of blocks newly placed in the table (an empty tuple on most decode steps).
         ``token_ids`` are the new tokens, so blocks that fill up become cacheable.
         """
-        if token_ids is None:
-            return self._grow(seq_id, num_tokens)
         return self._grow(seq_id, num_tokens, token_ids=token_ids)
 
     def append_tokens_batch(
