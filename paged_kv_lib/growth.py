@@ -172,7 +172,8 @@ class DecodeBatch:
             if gone is not None and not (self.small and _holds_bool(ids)):
                 self._drop(manager, [self.ids[i] for i in gone])
                 self.ids = list(ids) if type(ids) is list else tuple(ids)
-                self.small = self._small(ids, self.rows.keys())
+                if self.small:  # 0 or 1 may have moved (or gone)
+                    self.small = self._small(ids, self.rows.keys())
                 return
         rows = _checked_tables(manager, ids)
         self.ids, self.rows, self.epoch = list(ids) if type(ids) is list else tuple(ids), dict(zip(ids, rows)), manager._edits
@@ -243,9 +244,6 @@ def removed_positions(old: Sequence[Any], new: Sequence[Any], most: int) -> Opti
     start = 0  # new[:start] is old[:start + len(gone)] less gone
     while len(gone) < lost:
         off = len(gone)
-        if new[start:] == old[start + off:len(new) + off]:  # the rest of old is gone
-            gone.extend(range(len(new) + off, len(old)))
-            return gone
         lo, hi = start, len(new)  # new[start:lo] matches old from start + off on; new[start:hi + 1] does not
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -253,6 +251,9 @@ def removed_positions(old: Sequence[Any], new: Sequence[Any], most: int) -> Opti
                 lo = mid
             else:
                 hi = mid - 1
+        if lo == len(new):  # all of new matched: the rest of old is gone
+            gone.extend(range(lo + off, len(old)))
+            return gone
         gone.append(lo + off)  # old[lo + off] is not new[lo]: it went
         start = lo
     return gone if new[start:] == old[start + lost:] else None
