@@ -16,6 +16,8 @@ path, which counts every sequence first, so a refusal leaves every table as it w
 
 from __future__ import annotations
 
+from itertools import compress, count, islice
+from operator import ne
 from typing import TYPE_CHECKING, AbstractSet, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ._validate import as_count, as_iterable, as_token_ids
@@ -235,7 +237,7 @@ class DecodeBatch:
 
 def removed_positions(old: Sequence[Any], new: Sequence[Any], most: int) -> Optional[List[int]]:
     """The positions in ``old`` of the elements it lost to become ``new``, when ``new`` is ``old`` less at most
-    ``most`` elements, order kept (``None`` otherwise). Slices compare at C speed, so a decode step whose
+    ``most`` elements, order kept (``None`` otherwise). The lists are compared at C speed, so a decode step whose
     batch lost a finished sequence costs a few passes over the ids, not a check of each."""
     lost = len(old) - len(new)
     if not 0 < lost <= most:
@@ -244,18 +246,13 @@ def removed_positions(old: Sequence[Any], new: Sequence[Any], most: int) -> Opti
     start = 0  # new[:start] is old[:start + len(gone)] less gone
     while len(gone) < lost:
         off = len(gone)
-        lo, hi = start, len(new)  # new[start:lo] matches old from start + off on; new[start:hi + 1] does not
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if new[start:mid] == old[start + off:mid + off]:
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo == len(new):  # all of new matched: the rest of old is gone
-            gone.extend(range(lo + off, len(old)))
+        # The first position from start on where new and old (shifted by what went) differ, at C speed.
+        at = next(compress(count(start), map(ne, islice(new, start, None), islice(old, start + off, None))), len(new))
+        if at == len(new):  # all of new matched: the rest of old is gone
+            gone.extend(range(at + off, len(old)))
             return gone
-        gone.append(lo + off)  # old[lo + off] is not new[lo]: it went
-        start = lo
+        gone.append(at + off)  # old[at + off] is not new[at]: it went
+        start = at
     return gone if new[start:] == old[start + lost:] else None
 
 
