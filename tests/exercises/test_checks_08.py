@@ -11,6 +11,7 @@ from check_helpers import fails, not_implemented, passes
 from paged_kv_lib.grading.checks_08 import (check_allocator_in_simulation, check_memory_parts, check_reservation_slots, check_block_size_choice, check_memory_meter)
 from paged_kv_lib.grading import checks_08
 from paged_kv_lib.block import cdiv
+from paged_kv_lib.course.starters.after_06 import AllocatorAfter06
 from paged_kv_lib.grading.delegation import forbidden_modules
 from paged_kv_lib.simulate import StepSnapshot
 from planted_harness import is_delegation
@@ -220,64 +221,14 @@ def test_memory_meter_names_each_mistake(variant, words):
 
 
 # --------------------------------------------------------------------------- 08.4
-class MyAllocator:
-    """A bookkeeping-only allocator in the course's contract (what exercises 02-06 build)."""
-
-    def __init__(self, num_blocks, block_size):
-        self.block_size = block_size
-        self.free = list(range(num_blocks))
-        self.refs = {}
-        self.tables = {}
-        self.tokens = {}
-
-    @property
-    def num_free_blocks(self):
-        return len(self.free)
+class MyAllocator(AllocatorAfter06):
+    """A bookkeeping-only allocator in the course's contract: the course's own answer once exercise 06 is done."""
 
     def _take(self, count):
+        """The planted classes' way to take blocks: refused when too few are free, as a learner's would be."""
         if count > len(self.free):
             raise RuntimeError(f"need {count} blocks, {len(self.free)} free")
-        taken, self.free = self.free[:count], self.free[count:]
-        for b in taken:
-            self.refs[b] = 1
-        return taken
-
-    def allocate_for_sequence(self, seq_id, num_prompt_tokens):
-        if seq_id in self.tables:
-            raise ValueError(seq_id)
-        self.tables[seq_id] = self._take(-(-num_prompt_tokens // self.block_size))
-        self.tokens[seq_id] = num_prompt_tokens
-
-    def append_tokens(self, seq_id, num_tokens=1):
-        if seq_id not in self.tables:
-            raise ValueError(f"no sequence {seq_id}")
-        table, n = self.tables[seq_id], self.tokens[seq_id]
-        copy = bool(table) and n % self.block_size != 0 and self.refs[table[-1]] > 1
-        taken = self._take(-(-(n + num_tokens) // self.block_size) - len(table) + copy)
-        if copy:
-            self.refs[table[-1]] -= 1
-            table[-1] = taken[0]
-        table.extend(taken[copy:])
-        self.tokens[seq_id] = n + num_tokens
-        return taken
-
-    def free_sequence(self, seq_id):
-        for b in reversed(self.tables.pop(seq_id, [])):
-            self.refs[b] -= 1
-            if not self.refs[b]:
-                self.free.append(b)
-        self.tokens.pop(seq_id, None)
-
-    def get_block_mapping(self, seq_id):
-        if seq_id not in self.tables:
-            raise ValueError(f"no sequence {seq_id}")
-        return list(self.tables[seq_id])
-
-    def fork(self, parent_seq_id, child_seq_id):
-        self.tables[child_seq_id] = list(self.tables[parent_seq_id])
-        self.tokens[child_seq_id] = self.tokens[parent_seq_id]
-        for b in self.tables[child_seq_id]:
-            self.refs[b] += 1
+        return self.take_blocks(count)
 
 
 class EmptyMappingForUnknown(MyAllocator):
@@ -292,7 +243,7 @@ class GrowsAnUnknownSequence(MyAllocator):
 
     def append_tokens(self, seq_id, num_tokens=1):
         self.tables.setdefault(seq_id, [])
-        self.tokens.setdefault(seq_id, 0)
+        self.lengths.setdefault(seq_id, 0)
         return super().append_tokens(seq_id, num_tokens)
 
 
@@ -307,10 +258,10 @@ class OneBlockEarly(MyAllocator):
     def append_tokens(self, seq_id, num_tokens=1):
         if seq_id not in self.tables:
             raise ValueError(f"no sequence {seq_id}")
-        n = self.tokens[seq_id] + num_tokens
+        n = self.lengths[seq_id] + num_tokens
         taken = self._take(n // self.block_size + 1 - len(self.tables[seq_id]))
         self.tables[seq_id].extend(taken)
-        self.tokens[seq_id] = n
+        self.lengths[seq_id] = n
         return taken
 
 
@@ -319,13 +270,13 @@ class PromptPlusOne(MyAllocator):
 
     def allocate_for_sequence(self, seq_id, num_prompt_tokens):
         self.tables[seq_id] = self._take(num_prompt_tokens // self.block_size + 1)
-        self.tokens[seq_id] = num_prompt_tokens
+        self.lengths[seq_id] = num_prompt_tokens
 
 
 class KeepsFreedBlocks(MyAllocator):
     def free_sequence(self, seq_id):
         self.tables.pop(seq_id, None)
-        self.tokens.pop(seq_id, None)
+        self.lengths.pop(seq_id, None)
 
 
 class ReturnsNone(MyAllocator):
@@ -351,7 +302,8 @@ def test_allocator_in_simulation_makes_a_modest_number_of_calls(capsys, monkeypa
 
     class Counting(MyAllocator):
         def __getattribute__(self, name):
-            if not name.startswith("_") and name not in ("block_size", "free", "refs", "tables", "tokens"):
+            if not name.startswith("_") and name not in ("block_size", "num_blocks", "free", "ref_counts", "tables", "lengths",
+                                                                 "take_blocks"):
                 calls.append(name)
             return super().__getattribute__(name)
 
