@@ -162,11 +162,7 @@ class _LearnerPagedMemory(PagedMemory):
     def __init__(self, cls: Any, capacity_tokens: int, block_size: int, label: str, strict: bool = False) -> None:
         super().__init__(capacity_tokens, block_size)  # validates the sizes, sets up the counters
         self.name = label
-        self.allocator = _LearnerBookkeeping(cls, capacity_tokens // block_size, block_size, label, strict)  # type: ignore[assignment]
-
-    def check(self) -> None:
-        self.allocator.check_invariants()  # the adapter's own checks of the learner's books
-
+        self.allocator = _LearnerBookkeeping(cls, capacity_tokens // block_size, block_size, label, strict)
 
 def _label(cls: Any) -> str:
     name = getattr(cls, "__name__", None)
@@ -212,5 +208,5 @@ def simulate_with_classes(
             continue
         for size in sizes:
             memory = _LearnerPagedMemory(entry, capacity_tokens, size, _label(entry), strict=check)
-            results.append(run_schedule(workload, memory, progress=progress, check=check))  # type: ignore[arg-type]
+            results.append(run_schedule(workload, memory, progress=progress, check=check))
     return results

@@ -9,13 +9,39 @@ plus the tokens it had generated as the new prompt (as vLLM does by default).
 
 from __future__ import annotations
 
-from typing import Deque, List, Optional, Tuple
+from typing import Deque, List, Optional, Protocol, Sequence, Tuple
 
 from ..block import cdiv
 from ..block_manager import BlockManager
 from ..errors import InvalidArgumentError, OutOfBlocksError
-from ..invariants import check_invariants
 from .job import Job
+
+
+class PagedBooks(Protocol):
+    """What the paged memory model asks of its bookkeeping: the library's :class:`BlockManager`, or a
+    learner's class behind ``paged_kv_lib.conformance.simulation``'s adapter."""
+
+    @property
+    def num_used_blocks(self) -> int: ...
+
+    @property
+    def seq_ids(self) -> Sequence[int]: ...
+
+    def blocks_needed(self, num_tokens: int, /) -> int: ...
+
+    def can_allocate(self, num_tokens: int, /) -> bool: ...
+
+    def allocate_for_sequence(self, seq_id: int, num_tokens: int, /) -> object: ...
+
+    def append_tokens(self, seq_id: int, num_tokens: int = 1, /) -> Sequence[int]: ...
+
+    def get_num_tokens(self, seq_id: int, /) -> int: ...
+
+    def get_block_mapping(self, seq_id: int, /) -> List[int]: ...
+
+    def free_sequence(self, seq_id: int, /) -> None: ...
+
+    def check_invariants(self) -> None: ...
 
 
 class PagedMemory:
@@ -31,7 +57,7 @@ class PagedMemory:
             )
         self.block_size = block_size
         self.capacity = capacity_tokens
-        self.allocator = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.allocator: PagedBooks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         # Slots past the last whole block can never hold a token: counted as internal.
         self.lost = capacity_tokens - num_blocks * block_size
         self.tokens = 0
@@ -98,7 +124,7 @@ class PagedMemory:
         return tokens, reserved, internal
 
     def check(self) -> None:
-        check_invariants(self.allocator)
+        self.allocator.check_invariants()
 
     # ------------------------------------------------------------ internals
     def _grew(self, job: Job, new_blocks: int) -> None:

@@ -23,12 +23,14 @@ class MemoryModel(Protocol):
     """What the scheduler needs from an allocator (see ``reservation.py`` and ``paged.py``)."""
 
     name: str
-    block_size: Optional[int]
     capacity: int
     lost: int
     tokens: int
     internal: int
     preemptions: int
+
+    @property
+    def block_size(self) -> Optional[int]: ...  # None: the contiguous models, which have no blocks
 
     def peak(self, job: Job) -> int: ...
     def allocated(self) -> int: ...
