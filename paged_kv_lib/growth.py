@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from itertools import compress, count, islice
 from operator import ne
-from typing import TYPE_CHECKING, AbstractSet, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 from ._validate import as_count, as_iterable, as_token_ids
 from .block import cdiv
@@ -104,7 +104,7 @@ def append_tokens_batch(self: "BlockManager", seq_ids: Iterable[int], num_tokens
     ids: Sequence[Any] = seq_ids if type(seq_ids) in (list, tuple) else tuple(as_iterable(seq_ids, "seq_ids"))  # type: ignore[assignment]
     batch = self._batch
     if not (ids == batch.ids and type(ids) is type(batch.ids) and batch.epoch == self._edits
-            and (not batch.small or bool not in map(type, map(ids.__getitem__, batch.small)))):
+            and not (batch.small and _bool_at(ids, batch.small))):
         batch._remember(self, ids)
     if num_tokens != 1 or token_ids is not None or not batch.plain:
         if not num_tokens and token_ids is None and batch.plain:  # plain rows: nothing to do or forget
@@ -171,15 +171,14 @@ class DecodeBatch:
         never comes back this way), else by checking them and starting a new clock."""
         if self.epoch == manager._edits and self.plain and type(ids) is type(self.ids):
             gone = removed_positions(self.ids, ids, most=8)
-            if gone is not None and not (self.small and _holds_bool(ids)):
+            small = _small(ids) if gone is not None and self.small else []  # none before: none now
+            if gone is not None and not _bool_at(ids, small):
                 self._drop(manager, [self.ids[i] for i in gone])
-                self.ids = list(ids) if type(ids) is list else tuple(ids)
-                if self.small:  # 0 or 1 may have moved (or gone)
-                    self.small = self._small(ids, self.rows.keys())
+                self.ids, self.small = (list(ids) if type(ids) is list else tuple(ids)), small
                 return
         rows = _checked_tables(manager, ids)
         self.ids, self.rows, self.epoch = list(ids) if type(ids) is list else tuple(ids), dict(zip(ids, rows)), manager._edits
-        self.small = self._small(ids, self.rows.keys())
+        self.small = _small(ids)
         self.clock, self.due = 0, {}
         limits, block_size, due = manager._limits, manager.block_size, self.due
         for seq_id, table in zip(ids, rows):
@@ -200,11 +199,6 @@ class DecodeBatch:
             bucket.remove(seq_id)
             if not bucket:
                 del due[key]
-
-    @staticmethod
-    def _small(ids: Sequence[int], live: AbstractSet[int]) -> List[int]:
-        """The positions of 0 and 1 in ``ids`` (where ``==`` would let False and True pass for them)."""
-        return [ids.index(v) for v in (0, 1) if v in live]
 
     def _grow_general(self, manager: "BlockManager", ids: Sequence[Any], num_tokens: int,
                       token_ids: Optional[Sequence["TokenIds"]]) -> Dict[int, Tuple[int, ...]]:
@@ -256,9 +250,14 @@ def removed_positions(old: Sequence[Any], new: Sequence[Any], most: int) -> Opti
     return gone if new[start:] == old[start + lost:] else None
 
 
-def _holds_bool(ids: Sequence[Any]) -> bool:
-    """Whether ``ids`` holds False or True (which ``==`` takes for 0 or 1)."""
-    return (0 in ids and type(ids[ids.index(0)]) is bool) or (1 in ids and type(ids[ids.index(1)]) is bool)
+def _small(ids: Sequence[Any]) -> List[int]:
+    """The positions of 0 and 1 in ``ids`` (False and True too): there ``==`` cannot tell an int from a bool."""
+    return [ids.index(v) for v in (0, 1) if v in ids]
+
+
+def _bool_at(ids: Sequence[Any], positions: Sequence[int]) -> bool:
+    """Whether ``ids`` holds a bool at one of these positions (where a memo of ints holds 0 or 1)."""
+    return bool in map(type, map(ids.__getitem__, positions))
 
 
 def _checked_tables(manager: "BlockManager", ids: Sequence[Any]) -> List[BlockTable]:
@@ -271,11 +270,11 @@ def _checked_tables(manager: "BlockManager", ids: Sequence[Any]) -> List[BlockTa
         pass
     if rows is None:
         _refuse(manager, ids)
-    return rows  # type: ignore[return-value]  # _refuse always raises
+    return rows
 
 
 def _refuse_growth(rows: List[BlockTable], slow: List[Tuple[int, BlockTable]], num_tokens: int,
-                   needed: int, free: int) -> None:
+                   needed: int, free: int) -> NoReturn:
     """Take back the fast path's growth of the rows not in ``slow`` (so nothing changed), then raise."""
     held = {id(table) for _, table in slow}
     for table in rows:
@@ -332,7 +331,7 @@ def _grow_slow(manager: "BlockManager", ids: Sequence[Any], rows: List[BlockTabl
     return placed
 
 
-def _refuse(manager: "BlockManager", ids: Sequence[Any]) -> None:
+def _refuse(manager: "BlockManager", ids: Sequence[Any]) -> NoReturn:
     """Raise the typed error for the first bad id of a batch: not an int, unknown, swapped out, or repeated."""
     seen = set()
     for seq_id in ids:
@@ -340,4 +339,4 @@ def _refuse(manager: "BlockManager", ids: Sequence[Any]) -> None:
         if seq_id in seen:
             raise InvalidArgumentError(f"sequence {seq_id} is listed twice in append_tokens_batch")
         seen.add(seq_id)
-    raise InvalidArgumentError(f"append_tokens_batch refused seq_ids {ids!r}")  # not reached
+    raise InvalidArgumentError(f"append_tokens_batch refused seq_ids {ids!r}")  # not reached: one of them is bad

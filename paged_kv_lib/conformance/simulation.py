@@ -164,6 +164,7 @@ class _LearnerPagedMemory(PagedMemory):
         self.name = label
         self.allocator = _LearnerBookkeeping(cls, capacity_tokens // block_size, block_size, label, strict)
 
+
 def _label(cls: Any) -> str:
     name = getattr(cls, "__name__", None)
     return name if isinstance(name, str) and name else "allocator"

@@ -179,6 +179,20 @@ def test_a_dropped_sequence_comes_back_checked():
     m.check_invariants()
 
 
+def test_sequences_due_together_take_blocks_in_listed_order():
+    """A sequence given an empty block waits a whole block for its next one, and can come due at the same
+    step as one that reached its boundary since: the blocks still go out in listed order."""
+    batch, twin = BlockManager(20, 2), BlockManager(20, 2)
+    for m in (batch, twin):
+        m.allocate_for_sequence(0, 2)  # full: due at the first step
+        m.allocate_for_sequence(1, 2)
+        m.append_block_to_sequence(1)  # full, plus an empty block: due two steps after 0
+    for _ in range(4):
+        placed = batch.append_tokens_batch([0, 1])
+        assert placed == {s: got for s in (0, 1) if (got := twin.append_tokens(s))}
+    assert_same_state(snapshot(twin), snapshot(batch))
+
+
 @pytest.mark.parametrize("old, new, expected", [
     ([1, 2, 3], [1, 3], [1]),
     ([1, 2, 3], [2, 3], [0]),
