@@ -32,12 +32,12 @@ torch:
 	@$(PY) -c "import packaging" 2>/dev/null || $(PY) -m pip install --quiet packaging
 	$(PY) scripts/ensure_torch.py $(TORCH_EXPLICIT) "$(TORCH_SPEC)" -- $(TORCH_PIP_ARGS)
 
-$(STAMP): pyproject.toml | torch
-	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) -e ".[dev]"
+$(STAMP): pyproject.toml course/pyproject.toml | torch
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) -e ".[dev]" -e ./course
 	touch $(STAMP) $(LAB_STAMP)
 
-$(LAB_STAMP): pyproject.toml | torch
-	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) -e ".[lab,triton]"
+$(LAB_STAMP): pyproject.toml course/pyproject.toml | torch
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) -e ".[lab,triton]" -e ./course
 	touch $(LAB_STAMP)
 
 ## Open the course in JupyterLab (served from the repository root, so lessons/ and exercises/ both show).
@@ -52,7 +52,7 @@ lab: install-lab
 
 ## Lint: ruff on the code, mypy on the library (settings in pyproject.toml).
 lint: install
-	$(PY) -m ruff check paged_kv_lib tests benchmarks scripts
+	$(PY) -m ruff check paged_kv_lib course tests benchmarks scripts
 	$(PY) -m mypy
 
 ## Every test: lint, unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
@@ -74,7 +74,7 @@ test-browser: install
 
 ## Regenerate the learner versions of the exercises from exercises/solutions/.
 exercises: install
-	$(PY) -m paged_kv_lib.grading.generate
+	$(PY) -m paged_kv_course.grading.generate
 
 ## The learner's course without exercises/solutions/ or tests/, into $(RELEASE_DIR) (outside this folder).
 RELEASE_DIR ?= ../paged-kv-release

@@ -1,4 +1,4 @@
-"""Bookkeeping throughput: the library's block manager against the seed's deque allocator (``paged_kv_lib.seed``).
+"""Bookkeeping throughput: the library's block manager against the seed's deque allocator (``paged_kv_course.seed``).
 
 A trace of sequences (prompt, then decoding one token at a time, then free), with a
 batch of sequences decoding in turn, is driven through both; every driver walks
@@ -31,7 +31,7 @@ from typing import List, Tuple
 
 from paged_kv_lib import PagedKVCacheAllocator
 from paged_kv_lib.block_manager import BlockManager
-from paged_kv_lib.seed import SeedAllocator
+from paged_kv_course.seed import SeedAllocator
 
 
 def make_trace(num_sequences: int, seed: int) -> List[Tuple[int, int]]:

@@ -12,16 +12,25 @@ import argparse
 import importlib
 import platform
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-SUBCOMMAND_MODULES = {
+LIBRARY_COMMANDS = {
     "simulate": "paged_kv_lib.simulate.cli",
     "generate": "paged_kv_lib.engine.cli",
-    "grade": "paged_kv_lib.grading.cli",
-    "release": "paged_kv_lib.grading.release",
-    "gradescope": "paged_kv_lib.grading.gradescope",
-    "check": "paged_kv_lib.grading.check_command",
 }
+# Other installed packages add subcommands by naming a module under this entry-point group
+# (the course package adds grade, release, gradescope and check); the library never imports them.
+COMMAND_GROUP = "paged_kv.commands"
+
+
+def _plugin_commands() -> Dict[str, str]:
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep.value for ep in entry_points(group=COMMAND_GROUP)}
+    return {name: module for name, module in sorted(found.items()) if name not in LIBRARY_COMMANDS}
+
+
+SUBCOMMAND_MODULES = {**LIBRARY_COMMANDS, **_plugin_commands()}
 
 
 def _version(module: str) -> str:

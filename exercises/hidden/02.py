@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from paged_kv_lib.errors import OutOfBlocksError
-from paged_kv_lib.grading._checks_02_script import STATE, Script, library, library_state
-from paged_kv_lib.grading._common import passed
-from paged_kv_lib.grading.hidden import case
+from paged_kv_course.grading._checks_02_script import STATE, Script, library, library_state
+from paged_kv_course.grading._common import passed
+from paged_kv_course.grading.hidden import case
 
 
 @case("02.3", points=1, hint="a batch with a block size past 2**53 was not refused whole: count its blocks "

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from paged_kv_lib.allocator import PagedKVCacheAllocator
-from paged_kv_lib.grading._common import call_learner, expect_equal, expect_tensor, passed
-from paged_kv_lib.grading.hidden import case
+from paged_kv_course.grading._common import call_learner, expect_equal, expect_tensor, passed
+from paged_kv_course.grading.hidden import case
 
 
 @case("04.1", points=1, hint="a cache of more than 2**31 slots: compute slots in int64 all the way")

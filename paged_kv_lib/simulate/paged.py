@@ -19,7 +19,7 @@ from .job import Job
 
 class PagedBooks(Protocol):
     """What the paged memory model asks of its bookkeeping: the library's :class:`BlockManager`, or a
-    learner's class behind ``paged_kv_lib.conformance.simulation``'s adapter."""
+    learner's class behind ``paged_kv_course.conformance.simulation``'s adapter."""
 
     @property
     def num_used_blocks(self) -> int: ...

@@ -1,4 +1,4 @@
-"""paged_kv_lib.seed: the seed lesson's design, its fixed bugs fixed and its flagged ones visible."""
+"""paged_kv_course.seed: the seed lesson's design, its fixed bugs fixed and its flagged ones visible."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from paged_kv_lib import (
     UnknownSequenceError,
 )
 from paged_kv_lib.block_manager import BlockManager
-from paged_kv_lib.seed import SeedAllocator, SeedBlock, SeedBlockTable, needs_new_block, seed_growth_rule
+from paged_kv_course.seed import SeedAllocator, SeedBlock, SeedBlockTable, needs_new_block, seed_growth_rule
 
 
 def state(pool: SeedAllocator):

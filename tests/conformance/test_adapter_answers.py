@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paged_kv_lib.block_manager import BlockManager
-from paged_kv_lib.conformance import engine_for
+from paged_kv_course.conformance import engine_for
 from paged_kv_lib.errors import PagedKVError
 from paged_kv_lib.model import ModelConfig, TinyTransformer
 

@@ -14,12 +14,12 @@ from typing import List
 
 import pytest
 
-from paged_kv_lib.conformance import check_allocator
-from paged_kv_lib.conformance.differential import OPERATIONS, PARTS
-from paged_kv_lib.seed import seed_growth_rule
+from paged_kv_course.conformance import check_allocator
+from paged_kv_course.conformance.differential import OPERATIONS, PARTS
+from paged_kv_course.seed import seed_growth_rule
 
-from paged_kv_lib.course.starters.after_05 import AllocatorAfter05
-from paged_kv_lib.course.starters.after_06 import AllocatorAfter06
+from paged_kv_course.starters.after_05 import AllocatorAfter05
+from paged_kv_course.starters.after_06 import AllocatorAfter06
 
 
 

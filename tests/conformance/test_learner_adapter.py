@@ -15,8 +15,8 @@ from typing import Dict, List
 import pytest
 import torch
 
-from paged_kv_lib.conformance import engine_for
-from paged_kv_lib.conformance import AllocatorContractError, LearnerBackedAllocator
+from paged_kv_course.conformance import engine_for
+from paged_kv_course.conformance import AllocatorContractError, LearnerBackedAllocator
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""The starters of exercises 02 and 03 (``paged_kv_lib.course.starters``): the learner's ``MyAllocator`` as it
+"""The starters of exercises 02 and 03 (``paged_kv_course.starters``): the learner's ``MyAllocator`` as it
 stands after each exercise, for a learner stuck on the next one. They must keep the pinned state, behave as
 the library's allocator on their part of the contract, and leave later parts unwritten."""
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paged_kv_lib import PagedKVCacheAllocator
-from paged_kv_lib.conformance import check_allocator
-from paged_kv_lib.course.starters.after_02 import AllocatorAfter02
-from paged_kv_lib.course.starters.after_03 import AllocatorAfter03
+from paged_kv_course.conformance import check_allocator
+from paged_kv_course.starters.after_02 import AllocatorAfter02
+from paged_kv_course.starters.after_03 import AllocatorAfter03
 from paged_kv_lib.errors import (
     DuplicateSequenceError,
     InvalidTypeError,

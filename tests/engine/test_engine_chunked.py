@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paged_kv_lib.conformance import engine_for
+from paged_kv_course.conformance import engine_for
 from paged_kv_lib.engine import Engine, StepStats
 from paged_kv_lib.errors import PagedKVError
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache

@@ -17,7 +17,7 @@ import pytest
 
 from paged_kv_lib.block_manager import BlockManager
 from paged_kv_lib.bookkeeping import EngineAllocator, EngineBookkeeping, PagedKVView
-from paged_kv_lib.conformance import LearnerBackedAllocator, engine_for
+from paged_kv_course.conformance import LearnerBackedAllocator, engine_for
 from paged_kv_lib.engine import Engine
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 

@@ -25,9 +25,9 @@ def not_implemented(*args, **kwargs):
 
 
 def refused(check, value, module: str) -> str:
-    """The check, fetched from ``paged_kv_lib.grading``, refuses ``value`` for using ``module`` (the in-notebook
+    """The check, fetched from ``paged_kv_course.grading``, refuses ``value`` for using ``module`` (the in-notebook
     probe, with the line the grade gives); returns that line. ``module`` must be in the exercise's FORBIDDEN."""
-    from paged_kv_lib.grading._common import CheckFailure
+    from paged_kv_course.grading._common import CheckFailure
 
     with pytest.raises(CheckFailure) as info:
         check(value)

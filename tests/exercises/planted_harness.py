@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from paged_kv_lib.grading.notebook_tasks import cell_meta, read_notebook
+from paged_kv_course.grading.notebook_tasks import cell_meta, read_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED = Path(__file__).resolve().parent / "planted"

@@ -269,12 +269,13 @@ def test_solution_is_not_printed_in_a_lesson(task: str) -> None:
 # --- the same gate against the library code a solution may import while its exercise is graded ---
 #
 # Official grading hides from the learner's kernel the modules an exercise forbids
-# (``FORBIDDEN`` in checks_NN.py, read by paged_kv_lib.grading.delegation); everything
+# (``FORBIDDEN`` in checks_NN.py, read by paged_kv_course.grading.delegation); everything
 # else in paged_kv_lib is one import away. A reference solution that stands, at 60% or
 # more of its tokens, in that code is an answer the learner can import. Each library
 # module is one "cell" (runs do not cross files); comments and docstrings do not count.
 
 LIBRARY = ROOT / "paged_kv_lib"
+COURSE_PACKAGE = ROOT / "course" / "paged_kv_course"
 
 
 def library_cells(library: Path = LIBRARY) -> list[LessonCell]:
@@ -292,9 +293,9 @@ def importable(cells: Sequence[LessonCell], exercise: str) -> set[int]:
     """The cells (modules) a solution of ``exercise`` may import: all but its forbidden modules, and
     but the starters of earlier exercises (they hold the learner's own earlier answers, which a later
     exercise builds on: sharing them is continuity, not a copied answer)."""
-    from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
+    from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
 
-    forbidden = forbidden_modules(exercise) + ("paged_kv_lib.course.starters",)
+    forbidden = forbidden_modules(exercise) + ("paged_kv_course.starters",)
     return {n for n, cell in enumerate(cells) if not is_forbidden(cell.where, forbidden)}
 
 
@@ -304,7 +305,7 @@ _LIBRARY_INDEX: LessonIndex | None = None
 def _library_index() -> LessonIndex:
     global _LIBRARY_INDEX
     if _LIBRARY_INDEX is None:
-        _LIBRARY_INDEX = LessonIndex(library_cells())
+        _LIBRARY_INDEX = LessonIndex(library_cells() + library_cells(COURSE_PACKAGE))
     return _LIBRARY_INDEX
 
 
@@ -339,7 +340,7 @@ def test_solution_is_not_importable_library_code(task: str) -> None:
 
 
 def test_forbidden_modules_do_not_count(monkeypatch) -> None:
-    from paged_kv_lib.grading import delegation
+    from paged_kv_course.grading import delegation
 
     cells = [LessonCell("paged_kv_lib.allocator", _LESSON_BUILD, tuple(tokens_of(_LESSON_BUILD))),
              LessonCell("paged_kv_lib.errors", _UNRELATED, tuple(tokens_of(_UNRELATED)))]
@@ -351,8 +352,8 @@ def test_forbidden_modules_do_not_count(monkeypatch) -> None:
 
 
 def test_library_modules_are_named_as_imported() -> None:
-    names = {cell.where for cell in library_cells()}
-    assert {"paged_kv_lib", "paged_kv_lib.allocator", "paged_kv_lib.grading.checks_02"} <= names
+    names = {cell.where for cell in library_cells() + library_cells(COURSE_PACKAGE)}
+    assert {"paged_kv_lib", "paged_kv_lib.allocator", "paged_kv_course.grading.checks_02"} <= names
 
 
 # --- the matcher itself -------------------------------------------------------------

@@ -12,12 +12,12 @@ from typing import List
 
 import pytest
 
-from paged_kv_lib.course.starters.after_02 import AllocatorAfter02
+from paged_kv_course.starters.after_02 import AllocatorAfter02
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_02 import (check_allocate_02, check_allocator_02, check_allocator_02_free, check_batch_02, check_grow_and_free_02)
-from paged_kv_lib.grading._common import TaskNotWrittenError
-from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
-from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook
+from paged_kv_course.grading.checks_02 import (check_allocate_02, check_allocator_02, check_allocator_02_free, check_batch_02, check_grow_and_free_02)
+from paged_kv_course.grading._common import TaskNotWrittenError
+from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
+from paged_kv_course.grading.notebook_tasks import cell_task, find_tasks, read_notebook
 
 from check_helpers import passes
 
@@ -128,9 +128,9 @@ def test_a_written_task_on_an_unwritten_one_names_the_unwritten_one():
 
 def test_forbidden_covers_the_answers_of_exercise_02():
     forbidden = forbidden_modules("02")
-    for module in ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.seed", "paged_kv_lib.block",
-                   "paged_kv_lib.conformance.starter", "paged_kv_lib.course.starters.after_02",
-                   "paged_kv_lib.course.starters.after_03", "paged_kv_lib.grading.checks_02"):
+    for module in ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_course.seed", "paged_kv_lib.block",
+                   "paged_kv_course.conformance.starter", "paged_kv_course.starters.after_02",
+                   "paged_kv_course.starters.after_03", "paged_kv_course.grading.checks_02"):
         assert is_forbidden(module, forbidden), module
     for module in ("paged_kv_lib.errors", "paged_kv_lib.block_table"):
         assert not is_forbidden(module, forbidden), module

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from paged_kv_lib.course.starters.after_02 import AllocatorAfter02
-from paged_kv_lib.course.starters.after_03 import AllocatorAfter03
+from paged_kv_course.starters.after_02 import AllocatorAfter02
+from paged_kv_course.starters.after_03 import AllocatorAfter03
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_03 import (check_allocator_03, check_invariants_03, check_repaired_03, check_sharing_03)
-from paged_kv_lib.grading._common import TaskNotWrittenError
-from paged_kv_lib.grading.checks_03 import _corruptions
-from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
-from paged_kv_lib.grading.notebook_tasks import find_tasks, read_notebook
+from paged_kv_course.grading.checks_03 import (check_allocator_03, check_invariants_03, check_repaired_03, check_sharing_03)
+from paged_kv_course.grading._common import TaskNotWrittenError
+from paged_kv_course.grading.checks_03 import _corruptions
+from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
+from paged_kv_course.grading.notebook_tasks import find_tasks, read_notebook
 
 from check_helpers import passes
 from test_checks_02 import REPO, expected_line, forbidden_imports, planted_failure, planted_files, planted_task
@@ -59,11 +59,11 @@ def test_every_corruption_is_caught_by_the_starters_checker_and_none_is_a_false_
 
 def test_forbidden_covers_the_answers_of_exercise_03_and_keeps_exercise_02s_starter():
     forbidden = forbidden_modules("03")
-    for module in ("paged_kv_lib.allocator", "paged_kv_lib.invariants", "paged_kv_lib.seed",
-                   "paged_kv_lib.conformance.starter", "paged_kv_lib.course.starters.after_03",
-                   "paged_kv_lib.course.starters.after_05", "paged_kv_lib.grading.checks_03"):
+    for module in ("paged_kv_lib.allocator", "paged_kv_lib.invariants", "paged_kv_course.seed",
+                   "paged_kv_course.conformance.starter", "paged_kv_course.starters.after_03",
+                   "paged_kv_course.starters.after_05", "paged_kv_course.grading.checks_03"):
         assert is_forbidden(module, forbidden), module
-    for module in ("paged_kv_lib.course.starters.after_02", "paged_kv_lib.errors", "paged_kv_lib.block"):
+    for module in ("paged_kv_course.starters.after_02", "paged_kv_lib.errors", "paged_kv_lib.block"):
         assert not is_forbidden(module, forbidden), module
 
 

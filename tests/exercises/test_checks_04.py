@@ -10,8 +10,8 @@ import torch
 from check_helpers import fails, not_implemented, passes
 
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_04 import (check_gather_batch, check_step_block_tables, check_step_slot_mapping, check_read_tokens, check_write_kv_padded)
-from paged_kv_lib.grading.delegation import forbidden_modules
+from paged_kv_course.grading.checks_04 import (check_gather_batch, check_step_block_tables, check_step_slot_mapping, check_read_tokens, check_write_kv_padded)
+from paged_kv_course.grading.delegation import forbidden_modules
 
 CHECKS = [check_step_slot_mapping, check_step_block_tables, check_write_kv_padded, check_gather_batch,
           check_read_tokens]
@@ -42,7 +42,7 @@ def test_every_task_has_a_planted_mistake():
 
 def test_the_library_that_answers_is_forbidden():
     forbidden = forbidden_modules("04")
-    for name in ("paged_kv_lib.grading", "paged_kv_lib.cache_ops", "paged_kv_lib.allocator",
+    for name in ("paged_kv_course.grading", "paged_kv_lib.cache_ops", "paged_kv_lib.allocator",
                  "paged_kv_lib.kv_store", "paged_kv_lib.attention"):
         assert name in forbidden
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from paged_kv_lib.course.starters.after_05 import AllocatorAfter05
+from paged_kv_course.starters.after_05 import AllocatorAfter05
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_05 import (check_can_append, check_chunked_generate, check_growing_allocator, check_serves_tiny_model)
-from paged_kv_lib.grading.checks_05 import GROWTH_MISTAKES
-from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
-from paged_kv_lib.grading.notebook_tasks import cell_meta, read_notebook
+from paged_kv_course.grading.checks_05 import (check_can_append, check_chunked_generate, check_growing_allocator, check_serves_tiny_model)
+from paged_kv_course.grading.checks_05 import GROWTH_MISTAKES
+from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
+from paged_kv_course.grading.notebook_tasks import cell_meta, read_notebook
 
 from check_helpers import fails, not_implemented, passes
 from planted_harness import ROOT, is_delegation, planted_files, run_planted
@@ -56,7 +56,7 @@ def test_every_planted_file_says_what_it_expects():
 
 @pytest.mark.parametrize("path", [p for p in planted_files("05") if not is_delegation(p)], ids=lambda p: p.stem)
 def test_planted_wrong_solution_fails_naming_its_mistake(path):
-    pytest.importorskip("paged_kv_lib.course.starters.after_03")  # the notebook's starter (exercise 03's)
+    pytest.importorskip("paged_kv_course.starters.after_03")  # the notebook's starter (exercise 03's)
     expected, message = run_planted(path, NOTEBOOK)
     assert message is not None, f"{path.name} passed every check of its task"
     assert expected in message
@@ -64,11 +64,11 @@ def test_planted_wrong_solution_fails_naming_its_mistake(path):
 
 def test_forbidden_covers_growth_and_later_starters_but_not_earlier_ones():
     forbidden = forbidden_modules("05")
-    for module in ("paged_kv_lib.conformance.starter", "paged_kv_lib.allocator", "paged_kv_lib.block_manager",
-                   "paged_kv_lib.seed", "paged_kv_lib.course.starters.after_05", "paged_kv_lib.course.starters.after_06",
-                   "paged_kv_lib.grading.checks_05", "paged_kv_lib.conformance.engine"):
+    for module in ("paged_kv_course.conformance.starter", "paged_kv_lib.allocator", "paged_kv_lib.block_manager",
+                   "paged_kv_course.seed", "paged_kv_course.starters.after_05", "paged_kv_course.starters.after_06",
+                   "paged_kv_course.grading.checks_05", "paged_kv_course.conformance.engine"):
         assert is_forbidden(module, forbidden), module
-    assert not is_forbidden("paged_kv_lib.course.starters.after_03", forbidden)
+    assert not is_forbidden("paged_kv_course.starters.after_03", forbidden)
     assert not is_forbidden("paged_kv_lib.model", forbidden)
 
 

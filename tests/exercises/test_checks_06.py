@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from paged_kv_lib.conformance import AllocatorContractError
-from paged_kv_lib.course.starters.after_05 import AllocatorAfter05
-from paged_kv_lib.course.starters.after_06 import AllocatorAfter06, content_key
+from paged_kv_course.conformance import AllocatorContractError
+from paged_kv_course.starters.after_05 import AllocatorAfter05
+from paged_kv_course.starters.after_06 import AllocatorAfter06, content_key
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_06 import (check_allocator_conforms, check_eviction_order, check_prefix_caching_allocator, check_salted_block_key, check_serves_forked_samples, check_serves_shared_prefix, check_sharing_allocator, check_take_from_free_queue)
-from paged_kv_lib.grading.checks_06 import (
+from paged_kv_course.grading.checks_06 import (check_allocator_conforms, check_eviction_order, check_prefix_caching_allocator, check_salted_block_key, check_serves_forked_samples, check_serves_shared_prefix, check_sharing_allocator, check_take_from_free_queue)
+from paged_kv_course.grading.checks_06 import (
     CACHE_MISTAKES,
     COPY_MISTAKES,
     eviction_trace,
@@ -20,8 +20,8 @@ from paged_kv_lib.grading.checks_06 import (
     simulate_eviction,
 )
 from paged_kv_lib.free_queue import FreeBlockQueue
-from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
-from paged_kv_lib.grading.notebook_tasks import cell_meta, read_notebook
+from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
+from paged_kv_course.grading.notebook_tasks import cell_meta, read_notebook
 
 from check_helpers import fails, not_implemented, passes
 from planted_harness import ROOT, is_delegation, planted_files, run_planted
@@ -138,10 +138,10 @@ def test_planted_wrong_solution_fails_naming_its_mistake(path):
 def test_forbidden_covers_sharing_caching_and_the_free_queue():
     forbidden = forbidden_modules("06")
     for module in ("paged_kv_lib.prefix_cache", "paged_kv_lib.free_queue", "paged_kv_lib.allocator",
-                   "paged_kv_lib.block_manager", "paged_kv_lib.course.starters.after_06",
-                   "paged_kv_lib.conformance.starter", "paged_kv_lib.grading.checks_06"):
+                   "paged_kv_lib.block_manager", "paged_kv_course.starters.after_06",
+                   "paged_kv_course.conformance.starter", "paged_kv_course.grading.checks_06"):
         assert is_forbidden(module, forbidden), module
-    assert not is_forbidden("paged_kv_lib.course.starters.after_05", forbidden)
+    assert not is_forbidden("paged_kv_course.starters.after_05", forbidden)
 
 
 def test_no_cell_but_a_check_imports_a_forbidden_module():
@@ -172,7 +172,7 @@ def test_a_class_that_claims_hits_it_does_not_have_gives_other_text():
 
 
 def test_engine_for_checks_the_cached_count():
-    from paged_kv_lib.conformance import engine_for
+    from paged_kv_course.conformance import engine_for
     from paged_kv_lib.model import encode, load_tiny_model
 
     class OddCount(AllocatorAfter06):

@@ -11,10 +11,10 @@ from check_helpers import fails, not_implemented, passes
 
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
 from paged_kv_lib.block import cdiv
-from paged_kv_lib.grading import _checks_07_admission as admission
-from paged_kv_lib.grading.checks_07 import (check_plan_admission, check_choose_victims, check_choose_victims_by_priority, check_preemption_cost, check_victim_policy)
-from paged_kv_lib.grading import checks_07
-from paged_kv_lib.grading.delegation import forbidden_modules
+from paged_kv_course.grading import _checks_07_admission as admission
+from paged_kv_course.grading.checks_07 import (check_plan_admission, check_choose_victims, check_choose_victims_by_priority, check_preemption_cost, check_victim_policy)
+from paged_kv_course.grading import checks_07
+from paged_kv_course.grading.delegation import forbidden_modules
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -327,5 +327,5 @@ def test_every_task_has_a_planted_mistake():
 
 def test_the_library_that_answers_is_forbidden():
     forbidden = forbidden_modules("07")
-    for name in ("paged_kv_lib.grading", "paged_kv_lib.engine", "paged_kv_lib.allocator", "paged_kv_lib.simulate"):
+    for name in ("paged_kv_course.grading", "paged_kv_lib.engine", "paged_kv_lib.allocator", "paged_kv_lib.simulate"):
         assert name in forbidden

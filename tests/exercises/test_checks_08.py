@@ -8,11 +8,11 @@ import pytest
 from check_helpers import fails, not_implemented, passes
 
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_08 import (check_allocator_in_simulation, check_memory_parts, check_reservation_slots, check_block_size_choice, check_memory_meter)
-from paged_kv_lib.grading import checks_08
+from paged_kv_course.grading.checks_08 import (check_allocator_in_simulation, check_memory_parts, check_reservation_slots, check_block_size_choice, check_memory_meter)
+from paged_kv_course.grading import checks_08
 from paged_kv_lib.block import cdiv
-from paged_kv_lib.course.starters.after_06 import AllocatorAfter06
-from paged_kv_lib.grading.delegation import forbidden_modules
+from paged_kv_course.starters.after_06 import AllocatorAfter06
+from paged_kv_course.grading.delegation import forbidden_modules
 from paged_kv_lib.simulate import StepSnapshot
 from planted_harness import is_delegation
 
@@ -375,6 +375,6 @@ def test_every_task_has_a_planted_mistake():
 
 def test_the_library_that_answers_is_forbidden():
     forbidden = forbidden_modules("08")
-    for name in ("paged_kv_lib.grading", "paged_kv_lib.allocator", "paged_kv_lib.block_manager",
-                 "paged_kv_lib.simulate.reservation", "paged_kv_lib.simulate.metrics", "paged_kv_lib.conformance"):
+    for name in ("paged_kv_course.grading", "paged_kv_lib.allocator", "paged_kv_lib.block_manager",
+                 "paged_kv_lib.simulate.reservation", "paged_kv_lib.simulate.metrics", "paged_kv_course.conformance"):
         assert name in forbidden

@@ -20,12 +20,12 @@ import triton
 import triton.language as tl
 
 from paged_kv_lib.attention import paged_attention_reference
-from paged_kv_lib.course import triton_skeleton
+from paged_kv_course import triton_skeleton
 # The checks themselves, not the notebook's guarded copies: these tests hand them the course's own classes.
-from paged_kv_lib.grading.checks_09 import (check_fold_tile, check_merge_softmax_states, check_paged_decode_kernel, check_split_k_decode, check_tile_addresses)
-from paged_kv_lib.grading import _checks_09_kernel as kernel_check
-from paged_kv_lib.grading._common import TaskNotWrittenError
-from paged_kv_lib.grading.delegation import forbidden_modules, is_forbidden
+from paged_kv_course.grading.checks_09 import (check_fold_tile, check_merge_softmax_states, check_paged_decode_kernel, check_split_k_decode, check_tile_addresses)
+from paged_kv_course.grading import _checks_09_kernel as kernel_check
+from paged_kv_course.grading._common import TaskNotWrittenError
+from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -241,10 +241,10 @@ def test_the_launcher_refuses_what_the_contract_excludes():
 # --------------------------------------------------------------------------- no answer one import away
 def test_forbidden_names_the_references_and_the_notebook_imports_none():
     forbidden = forbidden_modules("09")
-    for module in ["paged_kv_lib.grading", "paged_kv_lib.attention.triton_kernel", "paged_kv_lib.attention.reference",
-                   "paged_kv_lib.grading._checks_09_kernel"]:
+    for module in ["paged_kv_course.grading", "paged_kv_lib.attention.triton_kernel", "paged_kv_lib.attention.reference",
+                   "paged_kv_course.grading._checks_09_kernel"]:
         assert is_forbidden(module, forbidden)
-    assert not is_forbidden("paged_kv_lib.course.triton_skeleton", forbidden)
+    assert not is_forbidden("paged_kv_course.triton_skeleton", forbidden)
     assert not is_forbidden("paged_kv_lib.attention.testing", forbidden)
     for cell in _cells():
         if cell["cell_type"] != "code" or cell.get("metadata", {}).get("paged_kv", {}).get("role") == "check":
@@ -271,7 +271,7 @@ from kernel_resources import _toolchain, use_standin_driver
 if not _toolchain():
     print("SKIP no NVIDIA toolchain"); sys.exit(0)
 use_standin_driver()
-from paged_kv_lib.course import triton_skeleton as sk
+from paged_kv_course import triton_skeleton as sk
 cells = json.loads(pathlib.Path(sys.argv[2]).read_text())["cells"]
 src = "import math\nimport torch\nimport triton\nimport triton.language as tl\n\n" + "\n\n".join(
     "".join(c["source"]) for c in cells if c.get("metadata", {}).get("paged_kv", {}).get("task") in ("09.1", "09.2", "09.4")
@@ -311,9 +311,9 @@ def test_the_solution_kernels_compile_for_sm90():
 
 
 def test_a_probe_given_a_judge_proxy_reports_instead_of_launching():
-    from paged_kv_lib.grading import probes
+    from paged_kv_course.grading import probes
 
-    from paged_kv_lib.stand_in import MARK
+    from paged_kv_course.stand_in import MARK
 
     class Remote:  # the judge's proxy: a learner object that stayed in the kernel, marked as grading's is
         __slots__ = ("_caller", "_key", "_kind")

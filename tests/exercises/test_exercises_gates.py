@@ -18,9 +18,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from paged_kv_lib.grading import generate as gen
-from paged_kv_lib.grading.learner_work import in_learner_fork
-from paged_kv_lib.grading.notebook_tasks import (
+from paged_kv_course.grading import generate as gen
+from paged_kv_course.grading.learner_work import in_learner_fork
+from paged_kv_course.grading.notebook_tasks import (
     ExerciseSpecError,
     NotebookFormatError,
     find_tasks,
@@ -454,7 +454,7 @@ def _real_exercises():
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("solution", _real_exercises(), ids=lambda p: p.stem)
 def test_the_grader_gives_the_solution_full_marks_and_the_untouched_version_nothing(solution, tmp_path):
-    from paged_kv_lib.grading import grader
+    from paged_kv_course.grading import grader
 
     copy_of_solution = tmp_path / "solved" / solution.name
     copy_of_solution.parent.mkdir()

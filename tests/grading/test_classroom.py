@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from paged_kv_lib import cli
-from paged_kv_lib.grading import classroom, release
-from paged_kv_lib.grading.notebook_tasks import split_points
+from paged_kv_course.grading import classroom, release
+from paged_kv_course.grading.notebook_tasks import split_points
 
 from test_release import FIXTURES, POINTS, REPO, demo_course, solved
 
@@ -131,7 +131,7 @@ def test_a_release_writes_the_class_repository_into_every_setup_block(tmp_path):
     url = "https://example.org/our-class/paged-kv.git"
     out = tmp_path / "release"
     release.build_release(course, out, repo_url=url)
-    from paged_kv_lib.course import setup_cell
+    from paged_kv_course import setup_cell
 
     for notebook in [out / "exercises" / "90_demo.ipynb", out / "exercises" / "pristine" / "90_demo.ipynb"]:
         first = next(c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code")

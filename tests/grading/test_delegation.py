@@ -13,19 +13,19 @@ from typing import Any, Dict
 
 import pytest
 
-import paged_kv_lib.grading as grading
-from paged_kv_lib import stand_in
-from paged_kv_lib.grading import delegation, scan
-from paged_kv_lib.grading._common import CheckFailure
+import paged_kv_course.grading as grading
+from paged_kv_course import stand_in
+from paged_kv_course.grading import delegation, scan
+from paged_kv_course.grading._common import CheckFailure
 
 FORBIDDEN = (
-    "paged_kv_lib.grading",
-    "paged_kv_lib.conformance",
+    "paged_kv_course.grading",
+    "paged_kv_course.conformance",
     "paged_kv_lib.allocator",
     "paged_kv_lib.prefix_cache",
     "paged_kv_lib.free_queue",
     "paged_kv_lib.attention.triton_kernel",
-    "paged_kv_lib.course.starters.after_06",
+    "paged_kv_course.starters.after_06",
 )
 
 
@@ -49,10 +49,10 @@ def guarded(monkeypatch):
 
 DELEGATIONS = {
     "subclassing a starter": (
-        "from paged_kv_lib.course.starters.after_06 import AllocatorAfter06\n"
+        "from paged_kv_course.starters.after_06 import AllocatorAfter06\n"
         "class MyAllocator(AllocatorAfter06):\n    pass\n", "MyAllocator"),
     "aliasing a starter": (
-        "from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as MyAllocator\n", "MyAllocator"),
+        "from paged_kv_course.starters.after_06 import AllocatorAfter06 as MyAllocator\n", "MyAllocator"),
     "a wrapper holding the library allocator": (
         "from paged_kv_lib.allocator import PagedKVCacheAllocator\n"
         "class MyAllocator:\n"
@@ -71,7 +71,7 @@ DELEGATIONS = {
         "    def num_free_blocks(self):\n"
         "        return INNER.num_free_blocks()\n", "MyAllocator"),
     "a library method bound onto the class": (
-        "from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as S\n"
+        "from paged_kv_course.starters.after_06 import AllocatorAfter06 as S\n"
         "class MyAllocator:\n    append_tokens = S.append_tokens\n", "MyAllocator"),
     "the reference function itself": (
         "from paged_kv_lib.attention.triton_kernel import tiles\n"
@@ -111,7 +111,7 @@ def test_each_delegation_fails_the_check_with_one_line(guarded, name):
     with pytest.raises(CheckFailure) as info:
         guarded(learner)
     line = str(info.value)
-    assert "\n" not in line and line.startswith("uses paged_kv_lib.")
+    assert "\n" not in line and line.startswith(("uses paged_kv_lib.", "uses paged_kv_course."))
     assert "implements what exercise 06 grades" in line
     assert info.value._render_traceback_() == [line], "a notebook shows the line, not a traceback"
 
@@ -129,7 +129,7 @@ def test_the_learners_own_code_reaches_the_check(guarded):
         "import collections, torch\n"
         "from paged_kv_lib.errors import OutOfBlocksError\n"
         "from paged_kv_lib.block import cdiv\n"
-        "from paged_kv_lib.course.starters import __name__ as starters\n"
+        "from paged_kv_course.starters import __name__ as starters\n"
         "class Base:\n    block_size = 4\n"
         "class MyAllocator(Base):\n"
         "    def __init__(self, n, b):\n"
@@ -149,7 +149,7 @@ def test_the_learners_own_code_reaches_the_check(guarded):
 
 
 def test_an_earlier_starter_is_allowed(monkeypatch):
-    monkeypatch.setattr(delegation, "forbidden_modules", lambda exercise: ("paged_kv_lib.course.starters.after_05",))
+    monkeypatch.setattr(delegation, "forbidden_modules", lambda exercise: ("paged_kv_course.starters.after_05",))
     check = delegation.guarded(a_check, "checks_05")
     learner = cell("from paged_kv_lib.block_table import BlockTable\nclass MyAllocator(BlockTable):\n    pass\n")
     assert check(learner["MyAllocator"])[0] == "checked"
@@ -162,7 +162,7 @@ def test_the_judges_stand_ins_are_never_touched(guarded):
         def __getattribute__(self, name):
             raise AssertionError(f"the probe read {name!r} of a remote object")
 
-    setattr(Remote, stand_in.MARK, True)  # what marks the judge's own proxy class (paged_kv_lib.stand_in)
+    setattr(Remote, stand_in.MARK, True)  # what marks the judge's own proxy class (paged_kv_course.stand_in)
     assert guarded(Remote())[0] == "checked"
 
 
@@ -182,17 +182,17 @@ def test_checks_fetched_from_the_package_are_guarded(monkeypatch):
     monkeypatch.setattr(delegation, "forbidden_modules", lambda exercise: FORBIDDEN)
     monkeypatch.delitem(vars(grading), name, raising=False)
     check = getattr(grading, name)
-    original = getattr(__import__(f"paged_kv_lib.grading.{grading._CHECKS[name]}", fromlist=[name]), name)
+    original = getattr(__import__(f"paged_kv_course.grading.{grading._CHECKS[name]}", fromlist=[name]), name)
     assert check is not original and check.__wrapped__ is original
     assert inspect.signature(check) == inspect.signature(original) and check.__doc__ == original.__doc__
-    learner = cell("from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as MyAllocator\n")
-    with pytest.raises(CheckFailure, match="^uses paged_kv_lib.course.starters.after_06: "):
+    learner = cell("from paged_kv_course.starters.after_06 import AllocatorAfter06 as MyAllocator\n")
+    with pytest.raises(CheckFailure, match="^uses paged_kv_course.starters.after_06: "):
         check(learner["MyAllocator"])
     monkeypatch.delitem(vars(grading), name)
 
 
 @pytest.mark.parametrize("name, number", [("06_sharing", "06"), ("checks_09", "09"), ("03.1", "03"),
-                                          ("paged_kv_lib.grading.checks_04", "04")])
+                                          ("paged_kv_course.grading.checks_04", "04")])
 def test_exercise_numbers(name, number):
     assert delegation.exercise_number(name) == number
 
@@ -206,4 +206,4 @@ def test_the_exercise_authors_helper_sees_the_refusal(guarded):
     from tests.exercises.check_helpers import refused
 
     learner = cell(DELEGATIONS["aliasing a starter"][0])["MyAllocator"]
-    assert refused(guarded, learner, "paged_kv_lib.course.starters.after_06").endswith("are allowed)")
+    assert refused(guarded, learner, "paged_kv_course.starters.after_06").endswith("are allowed)")

@@ -1,7 +1,7 @@
 """A learner's fork keeps a green sync gate; the course's own CI still catches a stale learner version.
 
 A temporary clone of the course's exercises (solutions and learner versions) stands for the
-fork. The gate's command is ``python -m paged_kv_lib.grading.generate --check`` (what the
+fork. The gate's command is ``python -m paged_kv_course.grading.generate --check`` (what the
 sync gate in tests/exercises/test_exercises_gates.py runs), with and without ``PAGED_KV_LEARNER_FORK``.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lib.grading import generate, learner_work
-from paged_kv_lib.grading.notebook_tasks import read_notebook
+from paged_kv_course.grading import generate, learner_work
+from paged_kv_course.grading.notebook_tasks import read_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 FORK_ENV = learner_work.FORK_ENV
@@ -35,7 +35,7 @@ def gate(course: Path, fork: bool) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != FORK_ENV}
     if fork:
         env[FORK_ENV] = "true"
-    return subprocess.run([sys.executable, "-m", "paged_kv_lib.grading.generate", "--check",
+    return subprocess.run([sys.executable, "-m", "paged_kv_course.grading.generate", "--check",
                            "--solutions", str(course / "exercises" / "solutions")],
                           capture_output=True, text=True, env=env, timeout=300)
 
@@ -115,4 +115,4 @@ def test_make_exercises_in_a_fork_leaves_the_learners_work_alone(clone, monkeypa
 def test_the_course_workflow_tells_the_gate_it_runs_in_a_fork():
     text = (ROOT / ".github" / "workflows" / "course.yml").read_text()
     assert f"{FORK_ENV}: ${{{{ github.event.repository.fork }}}}" in text
-    assert "paged_kv_lib.grading.learner_work" in text and "make check EXERCISES=" in text
+    assert "paged_kv_course.grading.learner_work" in text and "make check EXERCISES=" in text

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import nbformat
 
-from paged_kv_lib.grading.generate import relocate_links
+from paged_kv_course.grading.generate import relocate_links
 
 
 def test_relocate_links():

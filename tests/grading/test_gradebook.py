@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from paged_kv_lib import cli
-from paged_kv_lib.grading import gradebook
-from paged_kv_lib.grading.batch import BatchResult, Submission
-from paged_kv_lib.grading.grader import GradeReport, TaskResult
+from paged_kv_course.grading import gradebook
+from paged_kv_course.grading.batch import BatchResult, Submission
+from paged_kv_course.grading.grader import GradeReport, TaskResult
 
 
 def result(learner: str, exercise: str, passed: dict, points: dict, detail: str = "", error: str = "") -> BatchResult:
@@ -88,7 +88,7 @@ def test_gradebook_options_are_checked_before_anything_is_graded(tmp_path, capsy
     def never(*args, **kwargs):
         raise AssertionError("graded although the options were wrong")
 
-    monkeypatch.setattr("paged_kv_lib.grading.batch.grade_batch", never)
+    monkeypatch.setattr("paged_kv_course.grading.batch.grade_batch", never)
     (tmp_path / "class" / "ada").mkdir(parents=True)
     base = ["grade", "--batch", str(tmp_path / "class"), "--csv", str(tmp_path / "g.csv")]
     for extra, message in [(["--format", "tall"], "--format 'tall': not one of long, wide, canvas"),

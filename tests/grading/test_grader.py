@@ -19,9 +19,9 @@ import nbformat
 import pytest
 
 from paged_kv_lib import cli
-from paged_kv_lib.grading import batch, grader
-from paged_kv_lib.grading.batch import fmt_points
-from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook, split_points
+from paged_kv_course.grading import batch, grader
+from paged_kv_course.grading.batch import fmt_points
+from paged_kv_course.grading.notebook_tasks import cell_task, find_tasks, read_notebook, split_points
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "grading"
 PRISTINE = FIXTURES / "solutions"
@@ -424,9 +424,9 @@ def test_importing_the_grading_package_pulls_in_no_widgets():
     import subprocess
     import sys
 
-    checks = ", ".join(f"paged_kv_lib.grading.checks_{n:02d}" for n in range(2, 10))
-    code = ("import sys, paged_kv_lib.grading, paged_kv_lib.grading.grader, paged_kv_lib.grading.batch, "
-            f"paged_kv_lib.grading.judge, {checks}; "
+    checks = ", ".join(f"paged_kv_course.grading.checks_{n:02d}" for n in range(2, 10))
+    code = ("import sys, paged_kv_course.grading, paged_kv_course.grading.grader, paged_kv_course.grading.batch, "
+            f"paged_kv_course.grading.judge, {checks}; "
             "print(sorted(m for m in ('IPython', 'ipywidgets') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -27,8 +27,8 @@ from typing import Dict
 import nbformat
 import pytest
 
-from paged_kv_lib.grading import batch, grader, sandbox
-from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook, split_points
+from paged_kv_course.grading import batch, grader, sandbox
+from paged_kv_course.grading.notebook_tasks import cell_task, read_notebook, split_points
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "grading"
 TIMEOUT = 10
@@ -135,7 +135,7 @@ def attacks(course: Path, gradebook: Path) -> Dict[str, Dict[str, str]]:
             "import sys\n"
             "wire = sys.modules['paged_kv_grading_wire']\n"
             "real = wire.pack_reply\n"
-            "gadgets = [{'o': ['paged_kv_lib.grading.wire', 'Decoder', []]},\n"
+            "gadgets = [{'o': ['paged_kv_course.grading.wire', 'Decoder', []]},\n"
             "           {'o': ['paged_kv_lib.allocator', 'Block', [['block_id', 0]]]},\n"
             "           {'e': ['tempfile', '_TemporaryFileCloser', 'x']}, {'h': [1, 'int']}]\n"
             "count = [0]\n"
@@ -359,7 +359,7 @@ class Sneaky(int):
 def test_a_reply_from_the_kernel_cannot_name_a_class():
     import pickle
 
-    from paged_kv_lib.grading import wire, wire_decode
+    from paged_kv_course.grading import wire, wire_decode
 
     for value in (Sneaky(3), Path("/etc/passwd"), print):
         with pytest.raises(wire.WireError):
@@ -387,7 +387,7 @@ def test_attacks_on_a_real_exercise_earn_nothing(tmp_path):
     original = first.source
     assert grader._defined_names(original), "the first task defines a function to attack"
     first.source = (
-        "import glob, json, paged_kv_lib.grading as grading\n"
+        "import glob, json, paged_kv_course.grading as grading\n"
         "for name in list(grading.__all__):\n"
         "    if name.startswith('check_'):\n"
         "        setattr(grading, name, lambda *a, **k: print('PASSED 02.1'))\n"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from paged_kv_lib import cli
-from paged_kv_lib.grading import gradescope
-from paged_kv_lib.grading.notebook_tasks import split_points
+from paged_kv_course.grading import gradescope
+from paged_kv_course.grading.notebook_tasks import split_points
 
 from test_release import FIXTURES, POINTS, demo_course, solved
 

@@ -16,9 +16,9 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from paged_kv_lib import cli
-from paged_kv_lib.grading import grader, hidden, release
-from paged_kv_lib.grading.cli import format_report
-from paged_kv_lib.grading.notebook_tasks import find_tasks, read_notebook
+from paged_kv_course.grading import grader, hidden, release
+from paged_kv_course.grading.cli import format_report
+from paged_kv_course.grading.notebook_tasks import find_tasks, read_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 HIDDEN = ROOT / "exercises" / "hidden"
@@ -33,7 +33,7 @@ def write_cases(folder: Path, name: str, text: str) -> Path:
     return path
 
 
-CASES = '''from paged_kv_lib.grading.hidden import case
+CASES = '''from paged_kv_course.grading.hidden import case
 
 @case("91.1", points=2, hint="try zero")
 def zero(f):

@@ -16,12 +16,12 @@ import textwrap
 
 import pytest
 
-from paged_kv_lib.grading import judge
+from paged_kv_course.grading import judge
 
 CHECKS = '''
 import torch
 from paged_kv_lib.errors import OutOfBlocksError, PagedKVError
-from paged_kv_lib.grading._common import call_learner, expect_raises, fail, same
+from paged_kv_course.grading._common import call_learner, expect_raises, fail, same
 
 
 def check_mutation(fill):
@@ -205,7 +205,7 @@ def check_crash(f):
 def test_a_judge_stuck_in_a_c_call_or_killed_costs_one_line_and_the_rest(tmp_path, monkeypatch, check, line):
     """The grader stops a judge whose check outlives its limit even inside a C call (SIGALRM cannot
     interrupt it), and a judge that dies is one line: that check fails, the later cells are not run."""
-    from paged_kv_lib.grading import grader
+    from paged_kv_course.grading import grader
 
     (tmp_path / "stuck_checks.py").write_text(STUCK)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -222,8 +222,8 @@ def test_a_judge_stuck_in_a_c_call_or_killed_costs_one_line_and_the_rest(tmp_pat
 
 
 PROBE_CHECKS = '''
-from paged_kv_lib.grading._common import run_probe
-from paged_kv_lib.grading.probes import entries_alias, returned_value_is_held
+from paged_kv_course.grading._common import run_probe
+from paged_kv_course.grading.probes import entries_alias, returned_value_is_held
 
 
 def check_mapping_is_a_copy(MyAllocator):
@@ -241,7 +241,7 @@ def check_child_has_its_own_list(MyAllocator):
     print("PASSED 2")
 '''
 
-HONEST = "from paged_kv_lib.course.starters.after_03 import AllocatorAfter03 as MyAllocator\n"
+HONEST = "from paged_kv_course.starters.after_03 import AllocatorAfter03 as MyAllocator\n"
 PLANTED = HONEST.replace(" as MyAllocator", "") + (
     "class MyAllocator(AllocatorAfter03):\n"
     "    def get_block_mapping(self, seq_id):\n"
@@ -260,7 +260,7 @@ def test_identity_checks_fire_under_the_judge_as_in_a_notebook(tmp_path, monkeyp
     """02.4's returned internal list and 03.1's child sharing the parent's list: run_probe runs the
     probe where the objects live (a handle) and aliasing inside one reply survives the wire, so the
     planted mistakes fail under the grader as they do in JupyterLab, and the honest class passes."""
-    from paged_kv_lib.grading import checks_03, sandbox
+    from paged_kv_course.grading import checks_03, sandbox
 
     if mode == "bwrap" and sandbox.bwrap_problem():
         pytest.skip(sandbox.bwrap_problem())
@@ -272,7 +272,7 @@ def test_identity_checks_fire_under_the_judge_as_in_a_notebook(tmp_path, monkeyp
               "check_sharing_03(MyAllocator)"]
     for source, want in ((HONEST, "passed"), (PLANTED, "failed")):
         cells = [{"source": "from probe_checks import check_mapping_is_a_copy, check_child_has_its_own_list\n"
-                            "from paged_kv_lib.grading.checks_03 import check_sharing_03", "tags": [], "task": None,
+                            "from paged_kv_course.grading.checks_03 import check_sharing_03", "tags": [], "task": None,
                   "role": None},
                  {"source": source, "tags": [], "task": "99.1", "role": "solution"}]
         cells += [{"source": c, "tags": [], "task": "99.1", "role": "check"} for c in checks]

@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import nbformat
 import pytest
 
-from paged_kv_lib.grading.notebook_tasks import find_tasks, read_notebook, write_notebook
+from paged_kv_course.grading.notebook_tasks import find_tasks, read_notebook, write_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "exercises" / "solutions"
@@ -132,7 +132,7 @@ def stacked(solution: nbformat.NotebookNode, files: Sequence[Planted]) -> Tuple[
     Each copy starts from the names the task defines as they were before the task's own solution
     cell (a ``class MyAllocator(MyAllocator)`` builds on the earlier task, never on another copy),
     and after the copies the task's reference solution runs again on that same base."""
-    from paged_kv_lib.grading.splice import _defined_names
+    from paged_kv_course.grading.splice import _defined_names
 
     nb = copy.deepcopy(solution)
     tasks = find_tasks(nb)
@@ -183,7 +183,7 @@ def spliced(solution: nbformat.NotebookNode, files: Sequence[Planted]) -> nbform
 
 def grade_with_grader(submission: Path, solution: Path, workdir: Path) -> Dict[str, Outcome]:
     """The official grader's verdict per task (a grader error fails every task with that error)."""
-    from paged_kv_lib.grading import grader
+    from paged_kv_course.grading import grader
 
     report = grader.grade_notebook(submission, pristine=solution, cell_timeout=CELL_TIMEOUT_S,
                                    workdir=workdir, sandbox_mode="auto")

@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from paged_kv_lib.grading import generate, grader
-from paged_kv_lib.grading.notebook_tasks import find_tasks, read_notebook, split_points
-from paged_kv_lib.grading.points import points_problems, stated_points
+from paged_kv_course.grading import generate, grader
+from paged_kv_course.grading.notebook_tasks import find_tasks, read_notebook, split_points
+from paged_kv_course.grading.points import points_problems, stated_points
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ import nbformat
 import pytest
 
 from paged_kv_lib import cli
-from paged_kv_lib.grading import release
-from paged_kv_lib.grading.notebook_tasks import cell_task, read_notebook
+from paged_kv_course.grading import release
+from paged_kv_course.grading.notebook_tasks import cell_task, read_notebook
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "grading"
@@ -77,7 +77,7 @@ def test_a_release_refuses_a_learner_version_that_would_leak_a_solution(tmp_path
         shutil.copy(solutions / "90_demo.ipynb", out / "90_demo.ipynb")
         return []
 
-    monkeypatch.setattr("paged_kv_lib.grading.generate.generate", leaky)
+    monkeypatch.setattr("paged_kv_course.grading.generate.generate", leaky)
     with pytest.raises(release.ReleaseError, match="still holds a solution region"):
         release.build_release(course, tmp_path / "release")
     assert not (tmp_path / "release").exists() and not (tmp_path / ".release.partial").exists()

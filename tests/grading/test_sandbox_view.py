@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lib.grading import judge, sandbox
+from paged_kv_course.grading import judge, sandbox
 
 LOOK = r'''
 import json, os, sys

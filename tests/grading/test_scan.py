@@ -1,4 +1,4 @@
-"""The static scan of solution cells (paged_kv_lib/grading/scan.py): what it reports, what it lets through.
+"""The static scan of solution cells (course/paged_kv_course/grading/scan.py): what it reports, what it lets through.
 
 A table of learner cells, each with the line it must earn (or none), scanned against a
 FORBIDDEN like an allocator exercise's; the reference solutions of the real notebooks
@@ -13,20 +13,20 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from paged_kv_lib.grading import delegation, generate, scan
-from paged_kv_lib.grading.notebook_tasks import cell_task, find_tasks, read_notebook
+from paged_kv_course.grading import delegation, generate, scan
+from paged_kv_course.grading.notebook_tasks import cell_task, find_tasks, read_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "grading"
 
 FORBIDDEN = (
-    "paged_kv_lib.grading",
-    "paged_kv_lib.conformance",
+    "paged_kv_course.grading",
+    "paged_kv_course.conformance",
     "paged_kv_lib.allocator",
     "paged_kv_lib.prefix_cache",
     "paged_kv_lib.free_queue",
     "paged_kv_lib.attention.triton_kernel",
-    "paged_kv_lib.course.starters.after_06",
+    "paged_kv_course.starters.after_06",
 )
 WHY = ": library code that implements what exercise 06 grades"
 
@@ -37,19 +37,19 @@ REPORTED = [
     ("from paged_kv_lib import FreeBlockQueue\nq = FreeBlockQueue", "uses paged_kv_lib.free_queue"),
     ("import paged_kv_lib.allocator", "uses paged_kv_lib.allocator"),
     ("from paged_kv_lib import allocator", "uses paged_kv_lib.allocator"),
-    ("from paged_kv_lib.course.starters.after_06 import AllocatorAfter06 as MyAllocator",
-     "uses paged_kv_lib.course.starters.after_06"),
-    ("from paged_kv_lib.course.starters import after_06\nclass A:\n    fork = after_06.AllocatorAfter06.fork",
-     "uses paged_kv_lib.course.starters.after_06"),
+    ("from paged_kv_course.starters.after_06 import AllocatorAfter06 as MyAllocator",
+     "uses paged_kv_course.starters.after_06"),
+    ("from paged_kv_course.starters import after_06\nclass A:\n    fork = after_06.AllocatorAfter06.fork",
+     "uses paged_kv_course.starters.after_06"),
     ("import paged_kv_lib as pk\ndef key(p, t):\n    return pk.prefix_cache.block_key(p, t)",
      "uses paged_kv_lib.prefix_cache"),
     ("def f():\n    from paged_kv_lib.free_queue import FreeBlockQueue\n    return FreeBlockQueue",
      "uses paged_kv_lib.free_queue"),
     ("from paged_kv_lib.attention import triton_kernel\ntile_addresses = triton_kernel._kv_tile_offsets",
      "uses paged_kv_lib.attention.triton_kernel"),
-    ("from paged_kv_lib.grading.checks_06 import *", "uses paged_kv_lib.grading.checks_06"),
-    ("from paged_kv_lib.course.starters.after_06 import AllocatorAfter06",
-     "uses paged_kv_lib.course.starters.after_06"),
+    ("from paged_kv_course.grading.checks_06 import *", "uses paged_kv_course.grading.checks_06"),
+    ("from paged_kv_course.starters.after_06 import AllocatorAfter06",
+     "uses paged_kv_course.starters.after_06"),
     ("m = __import__('paged_kv_lib.allocator')", "uses paged_kv_lib.allocator"),
     ("from paged_kv_lib import *\nq = FreeBlockQueue(4)", "uses paged_kv_lib.free_queue"),
     ("import importlib\nm = importlib.import_module('paged_kv_lib.prefix_cache')", "uses paged_kv_lib.prefix_cache"),
@@ -78,7 +78,7 @@ CLEAN = [
     "import torch\nimport collections\nfrom collections import deque\nimport math, itertools",
     "from paged_kv_lib.errors import OutOfBlocksError, PagedKVError\nfrom paged_kv_lib import InvalidArgumentError",
     "from paged_kv_lib.block import cdiv\nfrom paged_kv_lib import cdiv as ceil_div",
-    "from paged_kv_lib.course.starters.after_03 import AllocatorAfter03\nclass MyAllocator(AllocatorAfter03):\n    pass",
+    "from paged_kv_course.starters.after_03 import AllocatorAfter03\nclass MyAllocator(AllocatorAfter03):\n    pass",
     "class MyAllocator:\n    def get(self, name):\n        return getattr(self, name)\n    def key(self):\n        return self.free",
     "import re\npattern = re.compile(r'x+')",
     "from paged_kv_lib import *\nfrom paged_kv_lib.errors import *\nraise OutOfBlocksError(cdiv(3, 2))",
@@ -137,7 +137,7 @@ def test_reference_solutions_scan_clean(exercise, source):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_grader_gives_a_reported_task_0_with_the_scan_line(monkeypatch, tmp_path):
-    from paged_kv_lib.grading import grader
+    from paged_kv_course.grading import grader
 
     monkeypatch.syspath_prepend(str(FIXTURES))
     monkeypatch.setenv("PYTHONPATH", str(FIXTURES))
@@ -171,7 +171,7 @@ def test_cells_that_run_in_the_learners_kernel_use_nothing_forbidden(exercise, s
     """Setup, provided and demo cells run in the kernel during official grading, where forbidden modules are
     stubs (interfaces.md item 1): they may import nothing the exercise forbids. Check cells run in the judge.
     The Colab block on top of the setup cell is the course's (it looks for ``google.colab`` in ``sys.modules``)."""
-    from paged_kv_lib.course.setup_cell import split_block
+    from paged_kv_course.setup_cell import split_block
 
     _, own = split_block(source)
     assert scan.scan_source(own, delegation.forbidden_modules(exercise), exercise) == []

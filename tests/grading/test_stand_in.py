@@ -1,10 +1,10 @@
-"""paged_kv_lib.stand_in: the one way to tell the judge's proxy for a learner object from anything else."""
+"""paged_kv_course.stand_in: the one way to tell the judge's proxy for a learner object from anything else."""
 
 from __future__ import annotations
 
-from paged_kv_lib import stand_in
-from paged_kv_lib.grading import _common
-from paged_kv_lib.grading.remote import Remote
+from paged_kv_course import stand_in
+from paged_kv_course.grading import _common
+from paged_kv_course.grading.remote import Remote
 
 
 def proxy(kind: str) -> Remote:
@@ -26,7 +26,7 @@ def test_nothing_else_is_a_stand_in_whatever_its_module_or_attributes_claim():
         def __getattr__(self, name):
             return True
 
-    Remote.__module__ = "paged_kv_lib.grading.remote"
+    Remote.__module__ = "paged_kv_course.grading.remote"
     for value in (Remote(), Remote, 3, None, type, proxy):
         assert not stand_in.is_stand_in(value) and stand_in.stand_in_kind(value) is None
         assert not _common.under_judge(value)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lib.grading import sandbox, stubs
+from paged_kv_course.grading import sandbox, stubs
+from paged_kv_course.grading.sandbox import package_folders
 
-FORBIDDEN = ("paged_kv_lib.allocator", "paged_kv_lib.grading")
+FORBIDDEN = ("paged_kv_lib.allocator", "paged_kv_course.grading")
 LINE = "paged_kv_lib.allocator is not available while exercise 03 is graded: it implements what the exercise grades"
 
 PROBE = r'''
@@ -25,7 +26,7 @@ out = {}
 import paged_kv_lib                                   # the package and allowed modules still import
 from paged_kv_lib.errors import PagedKVError
 from paged_kv_lib.allocator import PagedKVCacheAllocator     # importing a name works
-import paged_kv_lib.grading.checks_03 as cases        # so does a submodule of a stubbed package
+import paged_kv_course.grading.checks_03 as cases        # so does a submodule of a stubbed package
 
 def attempt(name, action):
     try:
@@ -55,20 +56,21 @@ def _run(argv, env, cwd: Path) -> dict:
 def _expect(out: dict) -> None:
     for use in ("call", "attribute", "subclass", "isinstance"):
         assert out[use] == f"{stubs.ERROR_NAME}: {LINE}", (use, out[use])
-    assert out["case data"].startswith(stubs.ERROR_NAME) and "paged_kv_lib.grading" in out["case data"]
+    assert out["case data"].startswith(stubs.ERROR_NAME) and "paged_kv_course.grading" in out["case data"]
     assert out["errors"] == "allowed"
     assert "not available" in out["repr"]
 
 
 def test_the_staged_copy_holds_stubs_for_the_forbidden_modules_only(tmp_path):
-    package = Path(stubs.__file__).resolve().parents[1]
-    stubbed = stubs.stage_library(package, tmp_path, FORBIDDEN, "03")
-    assert "paged_kv_lib.allocator" in stubbed and "paged_kv_lib.grading.checks_03" in stubbed
+    package, course = package_folders()
+    stubbed = stubs.stage_library(package, tmp_path, FORBIDDEN, "03") + stubs.stage_library(course, tmp_path, FORBIDDEN, "03")
+    assert "paged_kv_lib.allocator" in stubbed and "paged_kv_course.grading.checks_03" in stubbed
     assert "paged_kv_lib.errors" not in stubbed
     copy = tmp_path / "paged_kv_lib"
     assert (copy / "errors.py").read_text() == (package / "errors.py").read_text()
-    assert "check_my_fork" not in (copy / "grading" / "checks_03.py").read_text()  # no answer key in the copy
-    assert not list(copy.rglob("__pycache__"))
+    checks = tmp_path / "paged_kv_course" / "grading" / "checks_03.py"
+    assert "check_my_fork" not in checks.read_text()  # no answer key in the copy
+    assert not list(tmp_path.rglob("__pycache__"))
     env = dict(PYTHONPATH=str(tmp_path), PATH="/usr/bin:/bin", TRITON_INTERPRET="1")
     (tmp_path / "work").mkdir()
     _expect(_run([sys.executable, "-s", "-c", PROBE], env, tmp_path / "work"))
@@ -82,15 +84,14 @@ def test_without_the_sandbox_an_import_hook_gives_the_same_stubs(tmp_path):
 
 
 def test_no_forbidden_modules_means_the_real_library(tmp_path):
-    package = Path(stubs.__file__).resolve().parents[1]
-    assert stubs.stage_library(package, tmp_path, (), "02") == ()
+    assert all(stubs.stage_library(package, tmp_path, (), "02") == () for package in package_folders())
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(bool(sandbox.bwrap_problem()), reason=f"no sandbox: {sandbox.bwrap_problem()}")
 def test_in_the_sandbox_a_solution_cell_that_uses_a_forbidden_module_fails_with_the_line(tmp_path):
-    from paged_kv_lib.grading import judge
+    from paged_kv_course.grading import judge
 
     cells = [{"source": "from paged_kv_lib.allocator import PagedKVCacheAllocator\nPagedKVCacheAllocator(4, 4)",
               "tags": [], "task": "03.1", "role": "solution"}]

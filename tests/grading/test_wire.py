@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from paged_kv_lib.errors import OutOfBlocksError
-from paged_kv_lib.grading import judge, stubs, wire, wire_decode
+from paged_kv_course.grading import judge, stubs, wire, wire_decode
 
 MIB = 1024 * 1024
 LOAD_SLACK = 2  # the target is 2 s; this machine is shared, so the test allows twice that
@@ -63,7 +63,7 @@ def test_what_is_not_data_stays_in_the_kernel_behind_a_handle():
 @pytest.mark.parametrize("document", [
     {"o": ["paged_kv_lib.allocator", "Block", []]},          # imported there, defined in paged_kv_lib.block
     {"o": ["paged_kv_lib.allocator", "torch.Tensor", []]},   # reached through a module the library imported
-    {"o": ["paged_kv_lib.grading.wire", "Decoder", []]},      # the grading package is never rebuilt
+    {"o": ["paged_kv_course.grading.wire", "Decoder", []]},      # the grading package is never rebuilt
     {"o": ["paged_kv_lib.errors", "OutOfBlocksError", []]},  # exceptions travel as names, not values
     {"o": ["tempfile", "_TemporaryFileCloser", []]},
     {"o": ["paged_kv_lib.block", "Block", [["__class__", 1]]]},
@@ -204,9 +204,9 @@ def test_a_use_of_a_stubbed_module_fails_the_check_with_its_own_line():
 
 
 def test_a_check_modules_own_spy_comes_back_but_no_grader_machinery():
-    got = wire_decode.decode_reply(reply_of({"o": ["paged_kv_lib.course.instruments", "CountingList", []]}), lambda k, n: None)
+    got = wire_decode.decode_reply(reply_of({"o": ["paged_kv_course.instruments", "CountingList", []]}), lambda k, n: None)
     assert type(got).__name__ == "CountingList"
-    for module, name in (("paged_kv_lib.grading.judge", "Remote"), ("paged_kv_lib.grading.sandbox", "SandboxSpec"),
-                         ("paged_kv_lib.grading.checks_06", "torch.Tensor")):
+    for module, name in (("paged_kv_course.grading.judge", "Remote"), ("paged_kv_course.grading.sandbox", "SandboxSpec"),
+                         ("paged_kv_course.grading.checks_06", "torch.Tensor")):
         with pytest.raises(wire.WireError):
             wire_decode.decode_reply(reply_of({"o": [module, name, []]}), lambda k, n: None)

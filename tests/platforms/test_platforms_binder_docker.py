@@ -43,7 +43,7 @@ def test_binder_post_build_installs_the_learner_extras_editable():
     post = BINDER / "postBuild"
     assert os.access(post, os.X_OK)
     text = post.read_text()
-    assert '-e ".[lab,triton]"' in text and "[dev]" not in text
+    assert '-e ".[lab,triton]" -e ./course' in text and "[dev]" not in text
     assert "--no-cache-dir" in text and "set -e" in text
     assert os.access(BINDER / "start", os.X_OK) and "TRITON_INTERPRET=1" in (BINDER / "start").read_text()
 
@@ -51,7 +51,7 @@ def test_binder_post_build_installs_the_learner_extras_editable():
 def test_the_root_environment_is_the_learners_too():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert "pytorch-cpu" in _conda_names(env)
-    assert _pip_lines(env) == ["-e .[lab,triton]"]
+    assert _pip_lines(env) == ["-e .[lab,triton]", "-e ./course"]
 
 
 def _repo2docker() -> str:
@@ -88,7 +88,7 @@ def test_dockerfile_builds_the_course_on_a_jupyter_stack_image():
     assert re.match(r"jupyter/(minimal|scipy|base)-notebook:", base)
     runs = " ".join(a for k, a in steps if k == "RUN")
     assert "bubblewrap" in runs and "pytorch-cpu" in runs
-    assert '-e "/opt/paged-kv[lab,triton]"' in runs and "[dev]" not in runs
+    assert '-e "/opt/paged-kv[lab,triton]" -e /opt/paged-kv/course' in runs and "[dev]" not in runs
     assert "exercises/solutions" in runs  # refuses a build context holding the solutions
     assert ("ENV", "TRITON_INTERPRET=1") in steps
     # The server runs as the notebook user, not root, and each learner's copy comes from the hook.

@@ -52,7 +52,7 @@ def _dry_run(*args: str) -> str:
 def test_make_lab_installs_lab_and_triton_not_dev():
     # -W pyproject.toml: as if it had changed, so the install recipes are printed even on a set-up machine.
     plan = _dry_run("-W", "pyproject.toml", "lab")
-    assert '-e ".[lab,triton]"' in plan and ".[dev]" not in plan
+    assert '-e ".[lab,triton]" -e ./course' in plan and ".[dev]" not in plan
     assert "jupyter lab" in plan
 
 

@@ -96,7 +96,7 @@ def _fake_colab(monkeypatch, calls: list, find_spec_result):
         monkeypatch.setitem(sys.modules, name, module)
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: find_spec_result if name == "paged_kv_lib" else real_find_spec(name, *a))
+                        lambda name, *a: find_spec_result if name == "paged_kv_course" else real_find_spec(name, *a))
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(("run", tuple(cmd))))
     monkeypatch.setattr("os.chdir", lambda path: calls.append(("chdir", path)))
     monkeypatch.setattr("os.path.isdir", lambda path: False)
@@ -117,8 +117,9 @@ def test_on_colab_without_the_course_it_clones_and_installs_it(monkeypatch):
     exec(setup_cell.setup_cell_source(URL), {})
     runs = [c[1] for c in calls if c[0] == "run"]
     assert runs[0] == ("git", "clone", "--depth=1", URL, setup_cell.COLAB_CHECKOUT)
-    assert runs[1][1:] == ("-m", "pip", "install", "--quiet", "-e", setup_cell.COLAB_CHECKOUT)
-    assert sys.path[0] == setup_cell.COLAB_CHECKOUT
+    checkout = setup_cell.COLAB_CHECKOUT
+    assert runs[1][1:] == ("-m", "pip", "install", "--quiet", "-e", checkout, "-e", f"{checkout}/course")
+    assert sys.path[:2] == [checkout, f"{checkout}/course"]
     assert ("widgets",) in calls and calls[-1][0] == "chdir"
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from paged_kv_lib.grading import grader
-from paged_kv_lib.grading.notebook_tasks import cell_task
+from paged_kv_course.grading import grader
+from paged_kv_course.grading.notebook_tasks import cell_task
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLVED = ROOT / "exercises" / "solutions" / "03_the_allocator.ipynb"

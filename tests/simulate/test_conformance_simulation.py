@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from paged_kv_lib.conformance import simulate_with_classes as simulate
+from paged_kv_course.conformance import simulate_with_classes as simulate
 from paged_kv_lib.simulate import make_workload
 from paged_kv_lib.simulate import simulate as library_simulate
 

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from paged_kv_lib.conformance import simulate_with_classes
+from paged_kv_course.conformance import simulate_with_classes
 from paged_kv_lib.errors import InvalidArgumentError, InvalidTypeError, PagedKVError
 from paged_kv_lib.simulate import (
     ContiguousAllocator,

@@ -1,6 +1,6 @@
-# expect: paged_kv_lib.seed
+# expect: paged_kv_course.seed
 # ruff: noqa: F821 (a notebook cell: names come from the cells before it)
-from paged_kv_lib.seed import SeedAllocator
+from paged_kv_course.seed import SeedAllocator
 
 
 class MyAllocator(SeedAllocator):

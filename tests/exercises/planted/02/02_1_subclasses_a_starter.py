@@ -1,6 +1,6 @@
-# expect: paged_kv_lib.course.starters
+# expect: paged_kv_course.starters
 # ruff: noqa: F821 (a notebook cell: names come from the cells before it)
-from paged_kv_lib.course.starters.after_02 import AllocatorAfter02
+from paged_kv_course.starters.after_02 import AllocatorAfter02
 
 class MyAllocator(AllocatorAfter02):
     def __init__(self, num_blocks, block_size):

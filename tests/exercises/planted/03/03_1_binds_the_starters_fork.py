@@ -1,6 +1,6 @@
-# expect: paged_kv_lib.course.starters.after_03
+# expect: paged_kv_course.starters.after_03
 # ruff: noqa: F821 (a notebook cell: names come from the cells before it)
-from paged_kv_lib.course.starters.after_03 import AllocatorAfter03
+from paged_kv_course.starters.after_03 import AllocatorAfter03
 
 
 class MyAllocator(MyAllocator):

@@ -1,3 +1,3 @@
-# expect: uses paged_kv_lib.course.starters.after_05
+# expect: uses paged_kv_course.starters.after_05
 # ruff: noqa  (a notebook cell: it uses names the cells above it define)
-from paged_kv_lib.course.starters.after_05 import AllocatorAfter05 as MyAllocator
+from paged_kv_course.starters.after_05 import AllocatorAfter05 as MyAllocator

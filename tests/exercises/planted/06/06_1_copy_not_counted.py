@@ -1,6 +1,6 @@
 # expect: the copy counts too
 # ruff: noqa  (a notebook cell: it uses names the cells above it define)
-from paged_kv_lib.course.starters.after_05 import AllocatorAfter05  # or your own class from exercise 05
+from paged_kv_course.starters.after_05 import AllocatorAfter05  # or your own class from exercise 05
 
 
 class MyAllocator(AllocatorAfter05):

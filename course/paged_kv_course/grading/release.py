@@ -1,0 +1,180 @@
+"""``paged-kv release --out DIR``: the learner's course, without the solutions.
+
+The release holds the lessons, the learner versions of the exercises (generated afresh
+from the solutions, so they cannot be stale), a pristine copy of each learner version in
+``exercises/pristine/`` (what ``paged-kv grade`` compares against in a released course),
+the library, the docs and the files that install it, and the class's CI: a workflow that
+runs ``make check`` on every push and GitHub Classroom's autograding (one test per task,
+see :mod:`.classroom`). It leaves out ``exercises/solutions/``, ``tests/`` (whose
+planted-solution tests hold working answers), ``exercises/hidden/`` (the hidden cases of official
+grading) and the instructors' guide, ships the
+starter classes only of exercises before ``--assignment NN`` (a starter holds the answer
+of its exercise), and refuses to finish if any released notebook still holds a solution
+region.
+The instructor keeps the solutions in their own checkout and grades with
+``paged-kv grade --course CHECKOUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+from .hidden import HIDDEN_DIR
+from .notebook_tasks import BEGIN_MARKER, END_MARKER
+
+# What a learner's course is made of, relative to the course folder.
+RELEASED = ("lessons", "exercises", "paged_kv_lib", "course", "docs", "benchmarks", "scripts", "binder", "docker", "README.md",
+            "LICENSE", "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
+PRISTINE_DIR = "pristine"
+# Instructor-only files inside released folders, relative to the course folder.
+WITHHELD = ("docs/instructors.md", "docs/class.md")
+STARTERS = Path("course") / "paged_kv_course" / "starters"
+_SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+class ReleaseError(RuntimeError):
+    """The release cannot be built (one line for the command to print)."""
+
+
+def starter_released(name: str, assignment: Optional[int]) -> bool:
+    """Whether the starter module ``after_NN.py`` ships with a release handing out exercise ``assignment``."""
+    if not (name.startswith("after_") and name.endswith(".py") and name[6:8].isdigit()):
+        return True  # not a starter of one exercise (the package's __init__)
+    return assignment is not None and int(name[6:8]) < assignment
+
+
+def _ignorer(course: Path, assignment: Optional[int]) -> Callable[[str, List[str]], List[str]]:
+    withheld = {(course / w).resolve() for w in WITHHELD}
+    starters = (course / STARTERS).resolve()
+
+    def ignore(folder: str, names: List[str]) -> List[str]:
+        here = Path(folder).resolve()
+        skip = [n for n in names if n in _SKIP_NAMES or n.endswith((".pyc", ".egg-info"))]
+        skip += [n for n in names if (here / n) in withheld]
+        if here.name == "exercises":
+            skip += [n for n in names if n in ("solutions", PRISTINE_DIR, HIDDEN_DIR)]
+        if here == starters:
+            skip += [n for n in names if not starter_released(n, assignment)]
+        return skip
+
+    return ignore
+
+
+def build_release(course: Path, out: Path, assignment: Optional[int] = None,
+                  repo_url: Optional[str] = None) -> List[Path]:
+    """Write the learner's course from ``course`` into ``out`` (which must not exist or be empty);
+    return the files written. Starters ship only for exercises before ``assignment`` (none without it);
+    ``repo_url`` (the class repository) goes into every notebook's Colab setup block."""
+    from .classroom import write_workflows
+    from .generate import generate, solution_paths
+
+    course = course.resolve()
+    out = out.resolve()
+    solutions = course / "exercises" / "solutions"
+    if not solutions.is_dir():
+        raise ReleaseError(f"{course}: no exercises/solutions/ folder (release from the instructor's checkout)")
+    if out == course or course in out.parents:
+        raise ReleaseError(f"--out {out}: must lie outside the course folder {course}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ReleaseError(f"--out {out}: exists and is not an empty folder")
+    staging = out.with_name(f".{out.name}.partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    ignore = _ignorer(course, assignment)
+    try:
+        for name in RELEASED:
+            source = course / name
+            if source.is_dir():
+                shutil.copytree(source, staging / name, ignore=ignore)
+            elif source.is_file():
+                shutil.copy2(source, staging / name)
+        exercises = staging / "exercises"
+        exercises.mkdir(exist_ok=True)
+        generate(solutions, exercises)  # learner versions, fresh from the solutions
+        if repo_url is not None:
+            from paged_kv_course.setup_cell import apply
+
+            for notebook in sorted((staging / "lessons").glob("*.ipynb")) + sorted(exercises.glob("*.ipynb")):
+                if '"cell_type": "code"' in notebook.read_text(encoding="utf-8"):  # nothing to set up otherwise
+                    apply(notebook, repo_url)
+        pristine = exercises / PRISTINE_DIR
+        pristine.mkdir()
+        for path in solution_paths(solutions):
+            shutil.copy2(exercises / path.name, pristine / path.name)
+        leaks = [p for p in staging.rglob("*.ipynb") if BEGIN_MARKER in p.read_text(encoding="utf-8")
+                 or END_MARKER in p.read_text(encoding="utf-8")]
+        if leaks:
+            raise ReleaseError(f"{leaks[0].relative_to(staging)} still holds a solution region; not released")
+        for withheld in ("solutions", HIDDEN_DIR):
+            if (staging / "exercises" / withheld).exists():
+                raise ReleaseError(f"exercises/{withheld}/ would be released")
+        write_workflows(staging)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return sorted(p for p in out.rglob("*") if p.is_file())
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``release`` subcommand to the ``paged-kv`` command."""
+    parser = subparsers.add_parser(
+        "release",
+        help="write the learner's course (lessons, exercises, library) without the solutions",
+        description=(
+            "Copy the course into DIR for learners: lessons, freshly generated learner versions of the "
+            "exercises (and a pristine copy of each for `paged-kv grade`), the library, docs and install "
+            "files; no exercises/solutions/, no tests/."
+        ),
+    )
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write the release")
+    parser.add_argument("--course", type=Path, default=None, metavar="DIR",
+                        help="the course checkout to release (default: found above the current folder)")
+    parser.add_argument("--assignment", type=_exercise_number, default=None, metavar="NN",
+                        help="the exercise being handed out: starter classes of the exercises before it ship "
+                             "(default: none ship, since a starter holds its exercise's answer)")
+    parser.add_argument("--repo-url", default=None, metavar="URL",
+                        help="the class repository learners open on Colab: written into every notebook's setup "
+                             "block (default: the course's own, from its package metadata)")
+    parser.set_defaults(func=run)
+
+
+def _exercise_number(text: str) -> int:
+    if len(text) < 2 or not text[:2].isdigit() or (len(text) > 2 and text[2] != "_"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an exercise number such as 03 or 03_the_allocator")
+    return int(text[:2])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``paged-kv release``."""
+    from .grader import InputError, PristineNotFoundError, find_course
+    from paged_kv_course.setup_cell import SetupCellError
+    from .notebook_tasks import ExerciseSpecError
+
+    try:
+        course = find_course(None, args.course)
+        files = build_release(course, args.out, getattr(args, "assignment", None), getattr(args, "repo_url", None))
+    except (ReleaseError, InputError, PristineNotFoundError, ExerciseSpecError, SetupCellError, OSError) as exc:
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+    notebooks = sum(1 for f in files if f.suffix == ".ipynb")
+    assignment = getattr(args, "assignment", None)
+    starters = (f"starters of exercises before {assignment:02d}" if assignment is not None
+                else "no starters (pass --assignment NN to ship those of the exercises before NN)")
+    print(f"released {course} to {args.out}: {len(files)} files, {notebooks} notebooks, no solutions, {starters}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="paged-kv release")
+    sub = parser.add_subparsers()
+    register(sub)
+    return run(parser.parse_args(["release", *(argv or sys.argv[1:])]))
