@@ -18,7 +18,7 @@ LAB_ARGS ?=
 JOBS ?= 2
 XDIST := -n $(JOBS) --dist loadfile
 
-.PHONY: install install-lab torch lab lint test test-fast test-notebooks test-browser exercises bench gpu-check clean
+.PHONY: install install-lab torch lab lint test test-course test-fast test-notebooks test-browser exercises bench gpu-check clean
 
 ## Everything a course author needs: the learner's extras and the dev tools (tests, lint).
 install: $(STAMP)
@@ -55,14 +55,24 @@ lint: install
 	$(PY) -m ruff check paged_kv_lib course tests benchmarks scripts
 	$(PY) -m mypy
 
-## Every test: lint, unit, property, notebooks (lessons and exercise solutions) and the exercise gates.
+# The course's tests (its checks, planted solutions, the grader, the learner's install); the rest of tests/
+# is the library's.
+COURSE_TESTS := tests/course tests/conformance tests/exercises tests/grading tests/platforms
+LIBRARY_TESTS := $(COURSE_TESTS:%=--ignore=%) --ignore=tests/browser tests
+
+## Every test: lint, the library's tests, the course's tests and notebooks (lessons and exercise solutions).
 test: lint
-	$(PY) -m pytest $(XDIST) tests
+	$(PY) -m pytest $(XDIST) $(LIBRARY_TESTS)
+	$(MAKE) --no-print-directory test-course
+
+## The course's checks, planted solutions, grader and platforms, then every notebook through nbval.
+test-course: install
+	$(PY) -m pytest $(XDIST) $(COURSE_TESTS)
 	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)
 
-## While working: unit and property tests without the slow ones (listed in tests/conftest.py), under a minute.
+## While working on the library: its tests without the slow ones (listed in tests/conftest.py), under a minute.
 test-fast: install
-	$(PY) -m pytest -n $(JOBS) -p no:nbval -m "not slow" tests
+	$(PY) -m pytest -n $(JOBS) -p no:nbval -m "not slow" $(LIBRARY_TESTS)
 
 test-notebooks: install
 	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)

@@ -2,7 +2,7 @@
 
 Each step carries at most the budget's tokens, decodes first; prompts longer than what is
 left spread over steps, their sequences growing chunk by chunk (the learner's allocator
-too, through ``engine_for``); cached prefixes are skipped. Invariants are checked after
+too: tests/conformance/test_learner_chunked.py); cached prefixes are skipped. Invariants are checked after
 every step, and every run ends with nothing leaked.
 """
 
@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paged_kv_course.conformance import engine_for
 from paged_kv_lib.engine import Engine, StepStats
 from paged_kv_lib.errors import PagedKVError
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
@@ -106,22 +105,6 @@ def test_prefix_cache_hits_skip_their_chunks(model, reference) -> None:
     assert sum(s.prefill_tokens for s in steps) == len(encode(BASE + "!")) - cached
     assert list(again.token_ids) == reference(BASE + "!")
     assert list(warm.token_ids) == reference(BASE)
-
-
-def test_the_learner_allocator_grows_chunk_by_chunk(model, reference) -> None:
-    from tests.conformance.test_learner_adapter import BookkeepingAllocator
-
-    calls: List[Tuple[int, int]] = []
-
-    class Recording(BookkeepingAllocator):
-        def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
-            calls.append((seq_id, num_tokens))
-            return super().append_tokens(seq_id, num_tokens)
-
-    engine = engine_for(model, Recording(64, 4), max_num_batched_tokens=6)
-    outputs, _ = drive(engine, PROMPTS[:3])
-    assert [list(o.token_ids) for o in outputs] == [reference(p) for p in PROMPTS[:3]]
-    assert any(n > 1 for _, n in calls)  # later chunks of a prompt, through the learner's append_tokens
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

@@ -1,5 +1,5 @@
 """The error contract for the simulation: every bad input to ``paged_kv_lib.simulate``'s public
-functions, to ``paged-kv simulate`` and to ``conformance.simulate_with_classes`` raises a
+functions, and to ``paged-kv simulate`` raises a
 ``PagedKVError`` subclass (also the built-in a caller expects), names the value and the limit,
 and changes nothing.
 
@@ -15,7 +15,6 @@ import os
 
 import pytest
 
-from paged_kv_course.conformance import simulate_with_classes
 from paged_kv_lib.errors import InvalidArgumentError, InvalidTypeError, PagedKVError
 from paged_kv_lib.simulate import (
     ContiguousAllocator,
@@ -32,13 +31,6 @@ from paged_kv_lib.simulate.buddy import BuddyAllocator
 from paged_kv_lib.simulate.reservation import reservation_size
 
 W = requests_from_lengths([(3, 4), (5, 2), (2, 6)], seed=1)  # small: a wrong early exit would still be quick
-
-
-class Book:
-    """A minimal learner-style allocator; only its class is passed, the cases fail before it runs."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        raise AssertionError("a refused call must not build the learner's allocator")
 
 
 CASES = [
@@ -110,21 +102,6 @@ CASES = [
      r"size must be >= 1, got 0"),
     ("buddy float request", lambda: BuddyAllocator(16).try_allocate(1.5), InvalidTypeError,
      r"size must be an int, got float 1.5"),
-    # the learner's class in the simulation
-    ("with classes a lone string", lambda: simulate_with_classes(W, 100, "paged"), InvalidTypeError,
-     r"write \['paged'\]"),
-    ("with classes not a class", lambda: simulate_with_classes(W, 100, [3]), InvalidTypeError,
-     r"allocators holds 3: expected one of .*or an allocator class"),
-    ("with classes unknown name", lambda: simulate_with_classes(W, 100, ["pagd", Book]), InvalidArgumentError,
-     r"'pagd'.*or pass a class"),
-    ("with classes no block size", lambda: simulate_with_classes(W, 100, [Book], []), InvalidArgumentError,
-     r"at least 1 value"),
-    ("with classes block past capacity", lambda: simulate_with_classes(W, 8, [Book], 16), InvalidArgumentError,
-     r"block_size 16 is larger than the capacity of 8"),
-    ("with classes not a workload", lambda: simulate_with_classes([(1, 2)], 100, [Book]), InvalidTypeError,
-     r"must be a Workload.*list"),
-    ("with classes unknown fit", lambda: simulate_with_classes(W, 100, [Book], fit="any"), InvalidArgumentError,
-     r"fit must be one of .*got 'any'"),
 ]
 
 
@@ -164,12 +141,6 @@ def test_a_refused_free_changes_nothing():
         assert (pool.holes, pool.allocations, pool.num_free, pool.num_used, pool.largest_hole) == before
         pool.check_invariants()
         assert pool.free(start) >= 5
-
-
-def test_a_refused_run_never_builds_the_learners_allocator():
-    # Book raises if it is ever instantiated: every check above runs before the first simulation.
-    with pytest.raises(InvalidArgumentError):
-        simulate_with_classes(W, 100, [Book, "pagd"])
 
 
 def run_cli(*argv):

@@ -1,0 +1,29 @@
+"""A learner's allocator behind ``engine_for`` under chunked prefill: it grows chunk by chunk, and the
+tokens equal the no-cache reference."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import pytest
+
+from paged_kv_course.conformance import engine_for
+from tests.engine.test_engine_chunked import PROMPTS, drive, model, reference  # noqa: F401, F811 - fixtures
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_learner_allocator_grows_chunk_by_chunk(model, reference) -> None:  # noqa: F811 - fixtures
+    from tests.conformance.test_learner_adapter import BookkeepingAllocator
+
+    calls: List[Tuple[int, int]] = []
+
+    class Recording(BookkeepingAllocator):
+        def append_tokens(self, seq_id: int, num_tokens: int = 1) -> List[int]:
+            calls.append((seq_id, num_tokens))
+            return super().append_tokens(seq_id, num_tokens)
+
+    engine = engine_for(model, Recording(64, 4), max_num_batched_tokens=6)
+    outputs, _ = drive(engine, PROMPTS[:3])
+    assert [list(o.token_ids) for o in outputs] == [reference(p) for p in PROMPTS[:3]]
+    assert any(n > 1 for _, n in calls)  # later chunks of a prompt, through the learner's append_tokens
