@@ -35,7 +35,8 @@ def released(tmp_path) -> Path:
 
 
 def shutil_copy_makefile(course: Path) -> None:
-    for name in ("Makefile", "pyproject.toml"):
+    (course / "course").mkdir(exist_ok=True)
+    for name in ("Makefile", "pyproject.toml", "course/pyproject.toml"):
         shutil.copy2(REPO / name, course / name)  # copy2: the venv's install stamp stays newer
     shutil.copytree(REPO / "scripts", course / "scripts")  # make install's torch check lives there
 

@@ -93,10 +93,13 @@ def test_grading_from_a_wheel_installed_outside_the_checkout(tmp_path):
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, source / name)
     shutil.copytree(REPO / "paged_kv_lib", source / "paged_kv_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "course", source / "course", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(source)], check=True, cwd=tmp_path, timeout=300)
+    for project in (source, source / "course"):  # the library, then the course package that grades
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                        "-w", str(wheels), str(project)], check=True, cwd=tmp_path, timeout=300)
     (wheel,) = wheels.glob("paged_kv-*.whl")
+    (course_wheel,) = wheels.glob("paged_kv_course-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
@@ -105,7 +108,7 @@ def test_grading_from_a_wheel_installed_outside_the_checkout(tmp_path):
     deps = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "course_deps.pth").write_text(deps + "\n")  # torch and friends, after the wheel's copy
-    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel), str(course_wheel)],
                    check=True, timeout=300)
     course = demo_course(tmp_path / "course")
     out = tmp_path / "learner_course"
