@@ -46,6 +46,30 @@ def _device_for(t: torch.Tensor) -> torch.device:
     return torch.device("cuda")
 
 
+class NotAKernelError(TypeError):
+    """What a launcher raises when it is handed something other than a ``@triton.jit`` function."""
+
+
+def require_kernel(name: str, obj: Any) -> None:
+    """Refuse ``obj`` unless it is exactly what ``@triton.jit`` makes (a compiled or interpreted kernel).
+
+    The type is compared exactly: an object that only answers ``obj[grid]`` or subclasses the
+    kernel class is not a kernel this course launches, whatever it computes.
+    """
+    from triton.runtime.jit import JITFunction
+
+    kinds: list[type] = [JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        kinds.append(InterpretedFunction)
+    except ImportError:  # pragma: no cover - a Triton without the interpreter
+        pass
+    if type(obj) not in kinds:
+        raise NotAKernelError(f"{name} is a {type(obj).__name__}, not a @triton.jit function: this task is "
+                              "passed by a Triton kernel the cell defines with @triton.jit, launched here")
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -86,6 +110,7 @@ def tile_addresses_table(tile_addresses: Any, block_tables: torch.Tensor, seq_le
     (int64) and ``valid`` (bool), both ``[num_seqs, num_q_heads, num_positions]``. The table the
     function reads has trap entries (block id 0) past each row's width and a trap row after the last.
     """
+    require_kernel("tile_addresses", tile_addresses)
     num_blocks, num_kv_heads, block_size, head_dim = cache_shape
     device = _device_for(block_tables)
     num_seqs = block_tables.shape[0]
@@ -132,6 +157,7 @@ def fold_tiles(fold_tile: Any, scores: torch.Tensor,
     Each row starts from the empty state (``m = -inf``, ``l = 0``, ``acc = 0``). Returns the state
     after each tile: ``m`` and ``l`` ``[rows, tiles]``, ``acc`` ``[rows, tiles, D]`` (float32).
     """
+    require_kernel("fold_tile", fold_tile)
     device = _device_for(scores)
     rows, tiles, tile = scores.shape
     d = values.shape[-1]
@@ -177,6 +203,9 @@ def paged_decode(
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if num_splits < 1 or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits {num_splits} must be a power of two")
+    require_kernel("paged_decode_kernel", kernel)
+    if num_splits > 1:
+        require_kernel("merge_splits_kernel", merge)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     home = q.device
     device = _device_for(q)

@@ -156,8 +156,12 @@ def test_a_plain_function_instead_of_a_kernel_fails_with_the_error():
     def not_a_kernel(*args):
         return None
 
-    with pytest.raises(AssertionError, match="the kernel did not run"):
+    with pytest.raises(AssertionError, match="not a Triton kernel: the task's point is the @triton.jit function"):
         check_paged_decode_kernel(not_a_kernel, not_a_kernel)
+    with pytest.raises(AssertionError, match="not a Triton kernel"):
+        check_tile_addresses(not_a_kernel)
+    with pytest.raises(AssertionError, match="not a Triton kernel"):
+        check_fold_tile(not_a_kernel)
 
 
 # --------------------------------------------------------------------------- the check's own parts
