@@ -80,7 +80,10 @@ def _needs(task: str) -> str:
 @pytest.mark.parametrize("task", TASKS)
 def test_the_solution_cell_passes(task, tmp_path, capsys):
     _run(task, _load(_solution_source(task), tmp_path, f"solution_{task.replace('.', '_')}", _needs(task)))
-    assert capsys.readouterr().out == f"PASSED {task}\n"
+    out = capsys.readouterr().out
+    repair = "09.5: 5 lines changed from the given code (split_k_decode against split_k_decode_with_bugs; a repair " \
+             "changes at most 7)\n" if task == "09.5" else ""
+    assert out == f"{repair}PASSED {task}\n"
 
 
 @pytest.mark.parametrize("path", PLANTED, ids=lambda p: p.stem)

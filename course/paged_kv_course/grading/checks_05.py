@@ -29,6 +29,8 @@ except ImportError:
     AllocatorAfter05 = object  # type: ignore[misc,assignment]
     REPLAYS = False
 from paged_kv_lib.model import ModelConfig, TinyTransformer
+from ._common_given import GIVEN
+from ._common_repair import check_repair
 from ._common import call_learner, expect_equal, expect_raises, fail, is_int, passed, show
 from ._steps import NAME, Mistake, Steps
 
@@ -215,6 +217,7 @@ def check_growing_allocator(cls: Any) -> None:
     """
     _growth_scenarios(cls)
     random_scenarios(cls, [1, 2, 3, 4], forks=False, mistakes=GROWTH_MISTAKES)
+    check_repair(GIVEN["05.1"], cls)
     passed("05.1")
 
 
@@ -254,6 +257,7 @@ def serve_through_engine(cls: Any, task: str, *, n: int) -> None:
 
 def check_serves_tiny_model(cls: Any) -> None:
     """Task 05.1 (second check): the learner's class does the bookkeeping of the real engine."""
+    check_repair(GIVEN["05.1"], cls)
     serve_through_engine(cls, "05.1", n=1)
 
 
