@@ -106,8 +106,12 @@ def test_every_task_has_planted_solutions():
     named = {p.stem for p in PLANTED}
     for mistake in ["one_block_too_far", "drops_seq_len_mask", "drops_block_mask", "wrong_gqa_heads",
                     "no_acc_rescale", "no_inf_guard", "skips_split_merge", "ignores_scale", "exp2_without_log2e",
-                    "no_split", "computed_in_bf16"]:
-        assert f"09_4_{mistake}" in named  # every mistake issue 22 names for the whole kernel
+                    "no_split", "computed_in_bf16", "not_a_kernel", "int32_block_offsets", "unmasked_table_load",
+                    "unmasked_query_load"]:
+        assert f"09_4_{mistake}" in named  # every mistake issues 22 and 34 name for the whole kernel
+    for name in ["09_1_int32_offsets", "09_1_swapped_strides", "09_1_slot_is_position", "09_2_zero_d_sum",
+                 "09_5_rewritten_as_gather"]:
+        assert name in named  # issue 34's holes and misnamed hints in the warm-ups and the debug task
 
 
 # --------------------------------------------------------------------------- untouched tasks
