@@ -34,3 +34,12 @@ def refused(check, value, module: str) -> str:
     line = str(info.value)
     assert line.startswith(f"uses {module}: library code that implements what exercise "), line
     return line
+
+
+def compiled(source: str, filename: str):
+    """``compile`` as a notebook kernel does it: the cell's text is kept in ``linecache`` under ``filename``,
+    so ``inspect.getsource`` finds it (the debug tasks' checks read a repair's text that way)."""
+    import linecache
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    return compile(source, filename, "exec")

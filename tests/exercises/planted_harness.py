@@ -15,6 +15,8 @@ from typing import List, Optional, Tuple
 
 from paged_kv_course.grading.notebook_tasks import cell_meta, read_notebook
 
+from check_helpers import compiled
+
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED = Path(__file__).resolve().parent / "planted"
 
@@ -65,6 +67,6 @@ def run_planted(path: Path, notebook: str) -> Tuple[str, Optional[str]]:
             except AssertionError as exc:
                 return expectation(path), str(exc)
         else:
-            exec(compile(source, f"<{path.name if role == 'solution' and cell_task == task else 'cell'}>", "exec"),
+            exec(compiled(source, f"<{path.name if role == 'solution' and cell_task == task else 'cell'}>"),
                  namespace)
     return expectation(path), None

@@ -19,7 +19,7 @@ from paged_kv_course.grading._common import TaskNotWrittenError
 from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
 from paged_kv_course.grading.notebook_tasks import cell_task, find_tasks, read_notebook
 
-from check_helpers import passes
+from check_helpers import compiled, passes
 
 # --------------------------------------------------------------------------- planted wrong solutions, in process
 # The official gate (tests/test_planted_through_grader.py, exercise infrastructure) grades every file of
@@ -79,7 +79,7 @@ def planted_failure(path: Path) -> str:
         source = path.read_text(encoding="utf-8") if found == (task, "solution") else cell.source
         reached = found == (task, "solution")
         with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(source, f"<cell {found}>", "exec"), namespace)
+            exec(compiled(source, f"<cell {found} {path.stem}>"), namespace)
     return ""
 
 

@@ -257,7 +257,23 @@ def read_tokens(k_cache, table, num_tokens, positions, lower=True, limit="tokens
 
 
 def test_read_tokens_correct(capsys):
-    passes(check_read_tokens, read_tokens, "04.5", capsys)
+    """The solution cell's repair passes, and the check prints how many lines it changed before its success line."""
+    import json
+
+    from check_helpers import compiled
+
+    nb = json.loads((Path(__file__).resolve().parents[2] / "exercises" / "solutions" /
+                     "04_address_translation.ipynb").read_text(encoding="utf-8"))
+    (source,) = ["".join(c["source"]) for c in nb["cells"]
+                 if c.get("metadata", {}).get("paged_kv", {}) == {"kind": "debug", "points": 2, "role": "solution",
+                                                                  "task": "04.5"}]
+    namespace = {"torch": torch}
+    exec(compiled(source, "<solution 04.5>"), namespace)
+    passes(check_read_tokens, namespace["read_tokens"], "04.5", capsys)
+
+
+def test_a_rewrite_of_the_reader_is_not_a_repair():
+    assert "a rewrite, not a repair" in fails(check_read_tokens, read_tokens)  # this file's own reader
 
 
 @pytest.mark.parametrize("options, words", [

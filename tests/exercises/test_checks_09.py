@@ -80,7 +80,10 @@ def _needs(task: str) -> str:
 @pytest.mark.parametrize("task", TASKS)
 def test_the_solution_cell_passes(task, tmp_path, capsys):
     _run(task, _load(_solution_source(task), tmp_path, f"solution_{task.replace('.', '_')}", _needs(task)))
-    assert capsys.readouterr().out == f"PASSED {task}\n"
+    out = capsys.readouterr().out
+    repair = "09.5: 5 lines changed from the given code (split_k_decode against split_k_decode_with_bugs; a repair " \
+             "changes at most 7)\n" if task == "09.5" else ""
+    assert out == f"{repair}PASSED {task}\n"
 
 
 @pytest.mark.parametrize("path", PLANTED, ids=lambda p: p.stem)
@@ -103,8 +106,12 @@ def test_every_task_has_planted_solutions():
     named = {p.stem for p in PLANTED}
     for mistake in ["one_block_too_far", "drops_seq_len_mask", "drops_block_mask", "wrong_gqa_heads",
                     "no_acc_rescale", "no_inf_guard", "skips_split_merge", "ignores_scale", "exp2_without_log2e",
-                    "no_split", "computed_in_bf16"]:
-        assert f"09_4_{mistake}" in named  # every mistake issue 22 names for the whole kernel
+                    "no_split", "computed_in_bf16", "not_a_kernel", "int32_block_offsets", "unmasked_table_load",
+                    "unmasked_query_load"]:
+        assert f"09_4_{mistake}" in named  # every mistake issues 22 and 34 name for the whole kernel
+    for name in ["09_1_int32_offsets", "09_1_swapped_strides", "09_1_slot_is_position", "09_2_zero_d_sum",
+                 "09_5_rewritten_as_gather"]:
+        assert name in named  # issue 34's holes and misnamed hints in the warm-ups and the debug task
 
 
 # --------------------------------------------------------------------------- untouched tasks
@@ -156,8 +163,12 @@ def test_a_plain_function_instead_of_a_kernel_fails_with_the_error():
     def not_a_kernel(*args):
         return None
 
-    with pytest.raises(AssertionError, match="the kernel did not run"):
+    with pytest.raises(AssertionError, match="not a Triton kernel: the task's point is the @triton.jit function"):
         check_paged_decode_kernel(not_a_kernel, not_a_kernel)
+    with pytest.raises(AssertionError, match="not a Triton kernel"):
+        check_tile_addresses(not_a_kernel)
+    with pytest.raises(AssertionError, match="not a Triton kernel"):
+        check_fold_tile(not_a_kernel)
 
 
 # --------------------------------------------------------------------------- the check's own parts

@@ -12,6 +12,8 @@ import torch
 from paged_kv_lib.allocator import PagedKVCacheAllocator
 from paged_kv_lib.cache_ops import gather_tokens
 from ._checks_04_pools import SWAPPED, blocks_for, pools, unchanged
+from ._common_given import GIVEN
+from ._common_repair import check_repair
 from ._common import CheckFailure, call_learner, expect_raises, expect_tensor, fail, is_tensor, not_written, passed, show
 
 
@@ -275,4 +277,5 @@ def check_read_tokens(read_tokens: Callable[..., torch.Tensor]) -> None:
                     call = _read_call(cache, table, n, positions)
                     _refused(read_tokens, (cache.clone(), list(table), n, positions), call,
                              _refusal_hint(position, n, capacity, bs), position)
+    check_repair(GIVEN["04.5"], read_tokens)
     passed("04.5")

@@ -16,6 +16,8 @@ import random
 from typing import Callable, List, Optional, Tuple
 
 from paged_kv_lib.prefix_cache import block_key
+from ._common_given import GIVEN
+from ._common_repair import check_repair
 from ._common import call_learner, fail, passed
 
 Case = Tuple[Optional[bytes], List[int], Optional[bytes]]
@@ -127,4 +129,5 @@ def check_salted_block_key(salted_block_key: Callable[..., bytes]) -> None:
         tokens = [rng.randrange(-5, 70000) for _ in range(rng.randrange(0, 17))]
         salt = rng.choice([None, b"", b"t:" + bytes([rng.randrange(256)]) * rng.randrange(1, 12)])
         _expect_key(salted_block_key, (parent, tokens, salt), "the whole key, on a random block (all parts together)")
+    check_repair(GIVEN["06.2"], salted_block_key)
     passed("06.2")

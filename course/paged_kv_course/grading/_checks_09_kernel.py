@@ -33,6 +33,17 @@ from .probes import triton_paged_decode
 
 BLOCK_N = 16  # the launcher's tile (triton_skeleton.BLOCK_N; restated so importing the check needs no triton)
 INF = float("-inf")
+WIDE_STRIDE = 2 ** 28  # the block stride of the case whose offsets pass 2**31 elements
+_WIDEN = ("offsets past 2**31 elements came out wrong: block id x stride_kb passes 2**31 in this case, and in "
+          "int32 it wraps around (to memory that is not the cache); widen the block id to int64 before multiplying")
+_READS = {
+    "query": ("the query load read rows past the last query head: the program of the last K/V head loads BLOCK_G "
+              "rows where GROUP exist; mask the query load to the group's rows, as its store is masked"),
+    "table": ("the block-table load read entries past a row's max_blocks entries (or past the last row): the output "
+              "is right only because other masks hid what it found; mask the table load itself"),
+    "outside": ("a load reached memory outside every tensor the kernel was given (on a GPU, a fault or another "
+                "tensor's data): an offset is wrong or unmasked"),
+}
 
 
 @dataclass
@@ -46,10 +57,11 @@ class Case:
     scale: float
     holes: tuple[tuple[Any, ...], ...] = ()
     narrow: bool = False  # the table was cut narrower than a sequence: positions past its width hold nothing
+    block_stride: int = 0  # the caches' block stride the kernel is told (the launcher reads them compact)
 
 
 def _case(what: str, lens: list[int], splits: int, scale: float | None = None, holes: tuple = (),
-          q_times: float = 1.0, width: int | None = None, **shape: Any) -> Case:
+          q_times: float = 1.0, width: int | None = None, block_stride: int = 0, **shape: Any) -> Case:
     b = make_paged_batch(lens, **shape)
     if width is not None:  # rows of `width` entries: a longer sequence's row runs into the next row
         b.block_tables = b.block_tables[:, :width].contiguous()
@@ -58,7 +70,7 @@ def _case(what: str, lens: list[int], splits: int, scale: float | None = None, h
         b.block_tables[i, j] = b.k_cache.shape[0] + 1 if past else -1
     b.q = b.q * q_times
     return Case(what, b, splits, 1.0 / math.sqrt(b.q.shape[-1]) if scale is None else scale, holes,
-                width is not None)
+                width is not None, block_stride)
 
 
 def _cases() -> Iterator[Case]:
@@ -81,6 +93,10 @@ def _cases() -> Iterator[Case]:
                 "more splits than a short sequence has tiles; 4 splits", [64, 40, 9], 4, 1.0,
                 holes=((0, 0), (0, 1), (1, 2)), q_times=8.0, num_q_heads=2, num_kv_heads=2, head_dim=16,
                 block_size=8, seed=44)
+    yield _case(f"blocks {WIDE_STRIDE:,} elements apart (stride_kb), so block id x stride_kb passes 2**31 from "
+                "block 8 on (the launcher keeps the memory compact); one split", [40, 30, 56], 1,
+                num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=8, spare_blocks=12, seed=49,
+                block_stride=WIDE_STRIDE)
     yield _case("bfloat16, 4 query heads per K/V head, 2 splits", [30, 50], 2, num_q_heads=8, num_kv_heads=2,
                 head_dim=32, block_size=8, dtype=torch.bfloat16, seed=45)
     yield _case("float16, one query head per K/V head, an empty sequence cut into 2 splits", [0, 26], 2,
@@ -211,8 +227,9 @@ _MERGE_MISTAKES = [
     ("merge_no_rescale", "the merge adds the splits' sums without rescaling each to the largest maximum"),
     ("merge_first", "the merge used only the first split"),
     ("merge_last", "the merge used only the last split"),
-    ("merge_no_guard", "NaN in the merge where every split is empty (all maxima -inf): exp(-inf - (-inf)) is "
-                       "NaN; such a row's output is zeros"),
+    ("merge_no_guard", "NaN in the merge where every split is empty (all maxima -inf, all sums 0): either "
+                       "exp(-inf - (-inf)) with no guard on the maximum, or 0 / 0 with no guard on the total; the "
+                       "two give the same NaN, so check both; such a row's output is zeros"),
 ]
 
 
@@ -251,8 +268,10 @@ def check_paged_decode_kernel(paged_decode_kernel: Any, merge_splits_kernel: Any
                 f"num_splits={c.splits})   [{c.what}]")
         want = _expected_out(c)
         report = run_probe(triton_paged_decode, paged_decode_kernel, merge_splits_kernel, b.q, b.k_cache,
-                           b.v_cache, b.block_tables, b.seq_lens, c.scale, c.splits)
-        out, parts = unwrap(report, call, want, "09.4")
+                           b.v_cache, b.block_tables, b.seq_lens, c.scale, c.splits, c.block_stride)
+        out, parts, reads = unwrap(report, call, want, "09.4")
+        if c.block_stride and (reads or not bool(close(out, want, b.q.dtype).all())):
+            raise fail(call, want, out, _WIDEN)
         group = b.q.shape[1] // b.k_cache.shape[1]
         if c.splits > 1:
             _, want_parts = _model(c)
@@ -277,6 +296,9 @@ def check_paged_decode_kernel(paged_decode_kernel: Any, merge_splits_kernel: Any
                            hint or "this split's state is not the online-softmax state of its chunk's tokens")
         good = close(out, want, b.q.dtype)
         if bool(good.all()) and out.dtype == b.q.dtype:
+            if reads:
+                raise fail(call, "no load outside what the kernel may read", f"it read: {', '.join(reads)}",
+                           _READS.get(str(reads[0]), "a load read memory it should not have"))
             continue
         i, h = (int(x) for x in torch.nonzero(~good.all(dim=-1))[0]) if not bool(good.all()) else (0, 0)
         where = (f"{call}\n  first wrong output: sequence {i} (seq_len {int(b.seq_lens[i])}), query head {h} "

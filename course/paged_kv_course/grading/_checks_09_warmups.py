@@ -35,6 +35,9 @@ def _address_cases() -> Iterator[Table]:
     yield ("a -1 entry and an entry past num_blocks below seq_len, a length longer than its row",
            torch.tensor([[6, -1, 2, 11], [3, 0, 5, 1]], dtype=torch.int32),
            torch.tensor([15, 22], dtype=torch.int32), (8, 1, 4, 16), 2)
+    yield ("a pool of 4,194,304 blocks, so offsets pass 2**31 elements (nothing is allocated: only the numbers)",
+           torch.tensor([[2_100_000, 7, 4_194_303, -1], [1_048_576, 4_000_000, -1, -1]], dtype=torch.int32),
+           torch.tensor([40, 20], dtype=torch.int32), (4_194_304, 2, 16, 64), 4)
 
 
 def _expected_addresses(table: torch.Tensor, lens: torch.Tensor, shape: tuple[int, int, int, int],
@@ -73,6 +76,16 @@ def _name_offset(got: int, want_parts: tuple[int, int, int], row: list[int], p: 
     want_block, want_head, want_slot = want_parts
     said = f"your offset {got} is block {block}, K/V head {head}, slot {slot}" + (f" (+{col})" if col else "")
     logical = p // bs
+    want = want_block * sb + want_head * sh + want_slot * st
+    if want >= 2 ** 31 and got != want and (got - want) % 2 ** 32 == 0:
+        return (f"your offset {got} is the right one, {want}, wrapped around at 32 bits: block id x stride_kb passes "
+                "2**31 here, so widen the block id (or the offset) to int64 before multiplying")
+    if got == want_block * sb + want_slot * sh + want_head * st and sh != st:
+        return (f"{said}; the head and slot strides are swapped: stride_kh steps from one K/V head to the next, "
+                "stride_kt from one slot of a block to the next")
+    if got == want_block * sb + want_head * sh + p * st and p != want_slot:
+        return (f"{said}; the slot is the position itself: position {p} sits at slot {p} % BLOCK_SIZE = "
+                f"{want_slot} of its block, the table having found the block")
     if block != want_block:
         if logical + 1 < len(row) and block == row[logical + 1]:
             why = "one block too far: that is the table's entry for the next logical block"

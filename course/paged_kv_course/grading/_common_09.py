@@ -48,6 +48,13 @@ def unwrap(report: Any, call: str, expected: Any, task: str) -> Any:
             found = _UNWRITTEN.search(message)
             raise TaskNotWrittenError(found.group(1) if found else task)
         first = message.strip().splitlines()[-1] if message.strip() else ""
+        if kind == "NotAKernelError":  # the launcher's type check: no kernel, no points
+            raise fail(call, expected, f"it was not launched: {first[:600]}",
+                       "not a Triton kernel: the task's point is the @triton.jit function itself, and nothing "
+                       "else is launched in its place (a function or an object answering kernel[grid] earns 0)")
+        if "fold_tile returned a state of other shapes" in message:
+            raise fail(call, expected, f"it raised {kind}", "the state's shapes were not kept: m and l are [1] and "
+                       "acc is [D], as fold_tile was given them; a value reduced over the whole tile is 0-d")
         hint = ("a store must be masked to the rows that exist" if "wrote past the end" in message else
                 "the kernel did not run: read the error (a shape, a dtype, a name the kernel does not know)")
         raise fail(call, expected, f"it raised {kind}: {first[:600]}", hint)

@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from paged_kv_lib.block_manager import BlockManager
 from . import probes
+from ._common_given import GIVEN
+from ._common_repair import check_repair
 from ._common import call_learner, fail, not_written, passed, run_probe
 from ._checks_02_script import UNKNOWN_ID, Script, library, library_state, run_differential, tasks_written
 
@@ -345,4 +347,5 @@ def check_repaired_03(repaired_allocator: Any) -> None:
     _design_state(a, [5, 4, 3, 2], {0: 1, 1: 1}, {1: 3}, "blocks 0 and 1 are still held by sequence 1")
     a.call("free_sequence", 1)
     _design_state(a, [5, 4, 3, 2, 1, 0], {}, {}, "nobody holds blocks 0 and 1 any more: they are spare again")
+    check_repair(GIVEN["03.3"], repaired_allocator)
     passed("03.3")

@@ -29,6 +29,8 @@ except ImportError:
     AllocatorAfter05 = object  # type: ignore[misc,assignment]
     REPLAYS = False
 from paged_kv_lib.model import ModelConfig, TinyTransformer
+from ._common_given import GIVEN
+from ._common_repair import check_repair
 from ._common import call_learner, expect_equal, expect_raises, fail, is_int, passed, show
 from ._steps import NAME, Mistake, Steps
 
@@ -215,10 +217,11 @@ def check_growing_allocator(cls: Any) -> None:
     """
     _growth_scenarios(cls)
     random_scenarios(cls, [1, 2, 3, 4], forks=False, mistakes=GROWTH_MISTAKES)
+    check_repair(GIVEN["05.1"], cls)
     passed("05.1")
 
 
-def serve_through_engine(cls: Any, task: str, *, n: int) -> None:
+def serve_through_engine(cls: Any, task: str, *, n: int, repair: bool = False) -> None:
     """Generate with ``engine_for``, the course's tiny model and the learner's class at block sizes
     1, 3 and 16 (a small pool each, so sequences are preempted); tokens must equal the no-cache
     reference."""
@@ -249,12 +252,14 @@ def serve_through_engine(cls: Any, task: str, *, n: int) -> None:
             left = call_learner(lambda: mine.num_free_blocks, (), call + " then num_free_blocks", blocks)
             expect_equal(call + " then num_free_blocks", blocks, left,
                          "every request finished and freed its sequences: every block must be free again")
+    if repair:
+        check_repair(GIVEN[task], cls)
     passed(task)
 
 
 def check_serves_tiny_model(cls: Any) -> None:
     """Task 05.1 (second check): the learner's class does the bookkeeping of the real engine."""
-    serve_through_engine(cls, "05.1", n=1)
+    serve_through_engine(cls, "05.1", n=1, repair=True)
 
 
 # --------------------------------------------------------------------------- 05.2

@@ -214,6 +214,7 @@ def _hand_states() -> list[tuple[str, State, dict[str, int]]]:
         ("a waiting request too big even for all free slots", (64, [(5, 10, 16), (3, 3, 16)], [16, 16], 40),
          parts(8, 5, 19, 0, 32)),
         ("a waiting request that fits a hole", (64, [(5, 10, 16), (3, 3, 16)], [16, 16], 16), parts(8, 5, 19, 0, 32)),
+        ("one hole too small, another big enough", (64, [(5, 10, 16)], [8, 24], 16), parts(5, 5, 22, 0, 32)),
         ("memory full, a request waits", (32, [(20, 40, 32)], [], 8), parts(20, 12, 0, 0, 0)),
         ("paged: slots past the last whole block", (100, [(20, 40, 32)], [64], None), parts(20, 12, 4, 0, 64)),
         ("paged: last block reaches past the final length", (64, [(30, 35, 48)], [16], 16), parts(30, 5, 13, 0, 16)),
@@ -222,7 +223,8 @@ def _hand_states() -> list[tuple[str, State, dict[str, int]]]:
 
 
 def _parts(capacity: int, running: Running, holes: list[int], first: int | None, *, cap: bool = True,
-           lost: bool = True, all_free: bool = True, strict: bool = True, held_only: bool = True) -> dict[str, int]:
+           lost: bool = True, all_free: bool = True, strict: bool = True, held_only: bool = True,
+           every: bool = True) -> dict[str, int]:
     """The five parts with switches that plant the known mistakes (all True: the rule, as the scheduler counts)."""
     tokens = sum(h for h, _, _ in running)
     filled = [(min(slots, final) if cap else slots) if held_only else final for _, final, slots in running]
@@ -232,6 +234,8 @@ def _parts(capacity: int, running: Running, holes: list[int], first: int | None,
     biggest = max(holes, default=0)
     blocked = first is not None and (biggest < first if strict else biggest <= first) and (
         first <= free or not all_free)
+    if not every:  # blocked as soon as any one hole is too small
+        blocked = first is not None and any(h < first for h in holes) and first <= free
     external = free if blocked else 0
     return dict(zip(PARTS, (tokens, sum(filled) - tokens, internal, external, free - external)))
 
@@ -246,6 +250,8 @@ _PART_MISTAKES = {
     "the waiting request needs more than all free slots together: no arrangement of the holes would help, "
     "so that is not external fragmentation": dict(all_free=False),
     "the waiting request fits the largest hole exactly, so the holes are not what blocks it": dict(strict=False),
+    "one hole too small does not block the waiting request while another hole holds it: the free slots are "
+    "external fragmentation only when every hole is too small": dict(every=False),
 }
 
 

@@ -23,6 +23,8 @@ from paged_kv_lib.attention import paged_attention_reference
 from paged_kv_lib.attention.testing import PagedAttentionCase, make_paged_batch
 from ._checks_09_kernel import check_paged_decode_kernel
 from ._checks_09_warmups import check_fold_tile, check_tile_addresses
+from ._common_given import GIVEN
+from ._common_repair import check_repair
 from ._common import call_learner, fail, is_tensor, passed, show
 from ._common_09 import close, describe, matches
 
@@ -241,4 +243,5 @@ def check_split_k_decode(split_k_decode: Callable[..., torch.Tensor]) -> None:
             hint = ("not softmax attention over the sequence's first seq_len tokens: check each chunk's state and "
                     "how the chunks are merged")
         raise fail(call + where, want[i, h], got[i, h], hint)
+    check_repair(GIVEN["09.5"], split_k_decode)
     passed("09.5")
