@@ -319,9 +319,8 @@ def test_the_zip_installs_with_its_own_setup_sh_and_grades_exercise_03(tmp_path)
     wrong = grade("02_blocks_and_block_tables.ipynb",
                   lambda path: shutil.copy(REPO / "exercises" / "solutions" / "02_blocks_and_block_tables.ipynb", path))
     assert wrong["score"] == 0 and wrong["tests"] == []
-    assert wrong["output"] == ("02_blocks_and_block_tables.ipynb: this is a notebook of exercise "
-                               "02_blocks_and_block_tables, not of exercise 03_the_allocator; submit your "
-                               "exercises/03_the_allocator.ipynb")
+    assert wrong["output"] == ("02_blocks_and_block_tables.ipynb: this notebook holds tasks of exercise 02, "
+                               "not of exercise 03_the_allocator; submit your exercises/03_the_allocator.ipynb")
     assert "saved under the name" not in wrong["output"]
 
     linked = grade("03_the_allocator.ipynb", lambda path: path.symlink_to(

@@ -206,6 +206,19 @@ def _pristine_of(exercise: str, course: Optional[Union[str, Path]]) -> Any:
     return None
 
 
+def name_every_task(report: GradeReport, course: Optional[Union[str, Path]]) -> GradeReport:
+    """``report``, with every task of its exercise listed at 0 (the error as each one's failure) when the
+    grader could not grade the notebook at all, so that no task goes unnamed."""
+    if report.tasks or not report.error:
+        return report
+    filled = _zero_report(report.submission, report.exercise, report.error,
+                          _pristine_of(report.exercise, course))
+    for task in filled.tasks:
+        task.failure = f"not graded: {first_line(report.error)}"
+    report.tasks = filled.tasks
+    return report
+
+
 def _report_from_json(data: Dict[str, Any]) -> GradeReport:
     tasks = [TaskResult(t["task"], t["points"], t["passed"], t.get("failure", ""), t.get("detail", ""),
                         [CheckResult(**c) for c in t.get("checks", [])]) for t in data.get("tasks", [])]
