@@ -56,6 +56,21 @@ def roster(tmp_path: Path, text: str) -> Path:
     return path
 
 
+# Canvas's grade-import CSV, as documented:
+# - https://community.canvaslms.com/t5/Instructor-Guide/How-do-I-import-grades-in-the-Gradebook/ta-p/807 (Canvas's
+#   guide to importing grades: start from an exported gradebook and keep its columns);
+# - https://teaching.resources.osu.edu/toolsets/carmencanvas/guides/calculating-final-grades/import-csv-file-carmen-grades
+#   (the import's columns: Student name OR ID OR SIS User ID identify the student, then SIS Login ID, Section and
+#   one column per assignment; "new assignment columns in the Gradebook generate new assignments");
+# - https://nemogb-dev.github.io/nemogb-r/articles/detailed-canvas-export-info.html (a Canvas gradebook CSV: "ID" is
+#   the student's Canvas id, "SIS User ID" the id of the institution's SIS, and an assignment's column is
+#   "Quiz 1 (87568490)": its name and the id Canvas gave it);
+# - the "Points Possible" row: an exported Canvas gradebook has it under the header (Student cell "Points
+#   Possible", each assignment cell its points). None of the pages above that could be read here documents it;
+#   issue 32 asks for it, and export readers take the first data row as the maximum points, for example
+#   https://gist.github.com/robobenklein/f0d423830837a1826903fd255a2e26a4.
+
+
 def test_the_canvas_gradebook_takes_names_and_ids_from_the_roster(tmp_path):
     path = roster(tmp_path, "learner,name,id,sis_login,section\nada,Ada Lovelace,101,ada@u,A\n"
                             "bob,Bob Ross,102,bob@u,B\ncyd,Cyd Charisse,103,cyd@u,A\n")
@@ -64,12 +79,51 @@ def test_the_canvas_gradebook_takes_names_and_ids_from_the_roster(tmp_path):
     rows = read(out)
     with open(out, encoding="utf-8") as handle:
         header = handle.readline().strip().split(",")
-    assert header == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "02_blocks", "03_the_allocator"]
-    by_name = {r["Student"]: r for r in rows}
+    assert header == ["Student", "ID", "SIS Login ID", "Section", "02_blocks", "03_the_allocator"], \
+        "no SIS User ID column when the roster has none (never the Canvas id in its place)"
+    assert rows[0] == {"Student": "Points Possible", "ID": "", "SIS Login ID": "", "Section": "",
+                       "02_blocks": "4", "03_the_allocator": "7"}
+    by_name = {r["Student"]: r for r in rows[1:]}
     assert by_name["Ada Lovelace"]["03_the_allocator"] == "5" and by_name["Ada Lovelace"]["SIS Login ID"] == "ada@u"
+    assert by_name["Ada Lovelace"]["ID"] == "101"
     assert by_name["Cyd Charisse"]["02_blocks"] == "", "a learner with no submission gets blank cells"
     missing = [r for r in rows if gradebook.NOT_IN_ROSTER in r["Student"]]
     assert len(missing) == 1 and missing[0]["ID"] == "" and missing[0]["Student"].startswith("'=")
+
+
+def test_canvas_columns_carry_the_assignment_ids_and_sis_ids_only_where_the_roster_has_them(tmp_path):
+    path = roster(tmp_path, "learner,name,id,sis_login,section,sis_user_id\nada,Ada Lovelace,101,ada@u,A,S-9\n"
+                            "bob,Bob Ross,102,bob@u,B,\n")
+    (tmp_path / gradebook.ASSIGNMENTS_FILE).write_text("exercise,assignment_id\n03_the_allocator,12345\n")
+    out = tmp_path / "canvas.csv"
+    gradebook.write(CLASS, out, "canvas", gradebook.read_roster(path))
+    with open(out, encoding="utf-8") as handle:
+        header = handle.readline().strip().split(",")
+    assert header == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "02_blocks",
+                      "03_the_allocator (12345)"]
+    rows = read(out)
+    assert rows[0]["Student"] == "Points Possible" and rows[0]["03_the_allocator (12345)"] == "7"
+    by_name = {r["Student"]: r for r in rows[1:]}
+    assert by_name["Ada Lovelace"]["SIS User ID"] == "S-9" and by_name["Ada Lovelace"]["ID"] == "101"
+    assert by_name["Bob Ross"]["SIS User ID"] == "", "a blank SIS id stays blank, not the Canvas id"
+    (tmp_path / gradebook.ASSIGNMENTS_FILE).write_text("exercise,assignment_id\n03_the_allocator,twelve\n")
+    assert "numeric assignment_id" in gradebook.output_problem("canvas", path, None)
+
+
+def test_a_learner_folder_with_no_notebook_is_listed_at_0_with_its_reason(tmp_path):
+    from paged_kv_course.grading.batch import NO_NOTEBOOK
+
+    empty = BatchResult(Submission("dee", "", Path("/class/dee"), NO_NOTEBOOK),
+                        GradeReport(Path("/class/dee"), "", [], [], NO_NOTEBOOK))
+    wide = tmp_path / "wide.csv"
+    gradebook.write(CLASS + [empty], wide, "wide")
+    dee = {r["learner"]: r for r in read(wide)}["dee"]
+    assert dee["03_the_allocator"] == "0" and dee["02_blocks"] == "0" and dee["total"] == "0"
+    assert dee["flag"] == NO_NOTEBOOK
+    path = roster(tmp_path, "learner,name,id,sis_login\ndee,Dee Dee,104,dee@u\n")
+    canvas = tmp_path / "canvas.csv"
+    gradebook.write(CLASS + [empty], canvas, "canvas", gradebook.read_roster(path))
+    assert {r["Student"]: r for r in read(canvas)}["Dee Dee"]["03_the_allocator"] == "0"
 
 
 @pytest.mark.parametrize("text, message", [
