@@ -301,7 +301,20 @@ def grade_bounded(
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
             return GradeReport(submission=Path(path), exercise=exercise or Path(path).stem,
                                error=f"grader failed: {tail[0]}")
-        return _report_from_json(json.loads(out.read_text(encoding="utf-8")))
+        return _name_errors(_report_from_json(json.loads(out.read_text(encoding="utf-8"))))
+
+
+def _name_errors(report: GradeReport) -> GradeReport:
+    """A failure line that is only a traceback's location (``File "<ipython-input-1-...>", line 1``) gets the
+    error it located, from the last line of its detail (``SyntaxError: expected ':' (line 1)``), so a syntax
+    error says so in every gradebook and report."""
+    for task in report.tasks:
+        head, _, rest = task.failure.partition('File "<')
+        last = task.detail.strip().splitlines()[-1].strip() if task.detail.strip() else ""
+        if rest and not head.strip(": ").replace("solution cell", "") and ("Error" in last or "Exception" in last):
+            where = rest.rsplit(", ", 1)[-1] if ", line " in rest else ""
+            task.failure = f"{head}{last}" + (f" ({where})" if where.startswith("line ") else "")
+    return report
 
 
 def _grade_request(request_file: str) -> int:
@@ -338,6 +351,8 @@ def grade_submission(
     from .grader import EXERCISE_NAME
 
     loaded = (pristines or {}).get(submission.exercise)
+    if loaded is None and (submission.problem or EXERCISE_NAME.match(submission.exercise)):
+        loaded = _pristine_of(submission.exercise, course)  # only to list the tasks of a report at 0
     if submission.problem:
         line = submission.problem if submission.problem == NO_NOTEBOOK else f"{submission.path.name}: {submission.problem}"
         return _zero_report(submission.path, submission.exercise, line, loaded)
