@@ -285,7 +285,7 @@ def grade_bounded(
         (Path(tmp) / "request.json").write_text(json.dumps(request), encoding="utf-8")
         child = subprocess.Popen([sys.executable, "-m", "paged_kv_course.grading.batch", str(Path(tmp) / "request.json")],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 start_new_session=True)
+                                 start_new_session=True, env=_same_code_env())
         try:
             _, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -315,6 +315,21 @@ def _name_errors(report: GradeReport) -> GradeReport:
             where = rest.rsplit(", ", 1)[-1] if ", line " in rest else ""
             task.failure = f"{head}{last}" + (f" ({where})" if where.startswith("line ") else "")
     return report
+
+
+def _same_code_env() -> Dict[str, str]:
+    """The environment for a grading child: this one, with the folders this process imported the course and
+    the library from first on PYTHONPATH, so the child runs the same code as its parent."""
+    import paged_kv_lib
+
+    import paged_kv_course
+
+    roots = [str(Path(paged_kv_course.__file__).resolve().parents[1]),
+             str(Path(paged_kv_lib.__file__).resolve().parents[1])]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                                if p]))
+    return env
 
 
 def _grade_request(request_file: str) -> int:
