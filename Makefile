@@ -120,9 +120,10 @@ clean:
 
 ## In a class repository: nbval over your exercises (quick feedback), then the official grader (the
 ## score), one line per task; exit 0 only when every task passed. EXERCISES="02 03" checks only those;
-## CHECK_SUMMARY=FILE appends a Markdown score table to FILE (CI: the job summary).
+## CHECK_SUMMARY=FILE appends a Markdown score table to FILE (CI: the job summary). It installs the
+## learner's dependencies only (install-lab), not the dev tools.
 EXERCISES ?=
 CHECK_SUMMARY ?=
 .PHONY: check
-check: install
+check: install-lab
 	$(VENV)/bin/paged-kv check $(EXERCISES) $(if $(CHECK_SUMMARY),--summary "$(CHECK_SUMMARY)")

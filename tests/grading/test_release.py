@@ -70,6 +70,29 @@ def test_release_has_the_learner_course_and_no_solutions(tmp_path, capsys):
     assert "no exercises/solutions/" in capsys.readouterr().err
 
 
+def test_a_release_has_a_learner_readme_a_dockerignore_and_the_course_package(tmp_path):
+    course = demo_course(tmp_path / "course")
+    shutil.copytree(REPO / "course", course / "course", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (course / "docs").mkdir()
+    for name in ("exercises.md", "instructors.md", "class.md"):
+        (course / "docs" / name).write_text(f"# {name}\n")
+    out = tmp_path / "release"
+    release.build_release(course, out)
+    assert (out / "course" / "pyproject.toml").is_file() and (out / "course" / "paged_kv_course" / "grading").is_dir()
+    assert not (out / "docs" / "instructors.md").exists() and not (out / "docs" / "class.md").exists()
+    readme = (out / "README.md").read_text()
+    assert "make test" not in readme and "make check" in readme and "make lab" in readme
+    assert "[docs/exercises.md](docs/exercises.md)" in readme
+    assert "instructors.md" not in readme and "class.md" not in readme and "platforms.md" not in readme
+    assert release.readme_problems(out) == []
+    ignored = (out / ".dockerignore").read_text().splitlines()
+    assert {".venv", ".git", "**/__pycache__"} <= set(ignored)
+    (out / "README.md").write_text("Run `make test`, then read [the guide](docs/instructors.md).\n")
+    assert release.readme_problems(out) == [
+        "it tells learners to run `make test` (a release has no tests/)",
+        "it links docs/instructors.md, which the release leaves out"]
+
+
 def test_a_release_refuses_a_learner_version_that_would_leak_a_solution(tmp_path, monkeypatch):
     course = demo_course(tmp_path / "course")
 

@@ -5,27 +5,42 @@ Two layouts are understood, and may be mixed in one folder:
 - one sub-folder per learner: ``FOLDER/<learner>/NN_topic.ipynb`` (nested folders too);
 - learner and exercise in the file name: ``FOLDER/<learner>__NN_topic.ipynb``.
 
-Each submission is graded by :func:`.grader.grade_notebook` with its own judge process,
-kernel and sandbox, so an invalid file, an endless loop or a crashed kernel costs only
-that learner's rows. Every exercise's pristine copy is loaded before any learner code
-runs, and the gradebook is written atomically, with learner text escaped for spreadsheets.
+Every learner folder is listed, one with no notebook at 0 with that reason. A batch reads nothing
+but each learner's own regular files: a notebook that is a symbolic link (for example to another
+learner's), a hard link, or lies in a linked folder is refused with a reason, not graded; a
+notebook of another exercise saved under this one's name is refused with a line saying which it is.
+
+Each submission is graded in a child process of its own (:func:`grade_bounded`), with its own
+judge, kernel and sandbox, and its whole run is bounded in time (:data:`SUBMISSION_TIMEOUT_S`):
+an invalid file, an endless loop or a crashed kernel costs only that learner's rows, and a run
+past the bound is reported as a timeout. Every exercise's pristine copy is loaded before any
+learner code runs, and the gradebook is written atomically, with learner text escaped for
+spreadsheets.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
+import signal
+import stat
+import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .grader import DEFAULT_CELL_TIMEOUT_S, GradeReport, grade_notebook
+from .grader import DEFAULT_CELL_TIMEOUT_S, CheckResult, GradeReport, TaskResult, grade_notebook
 
 GRADEBOOK_COLUMNS = ("learner", "notebook", "task", "points", "passed", "earned", "failure", "path", "flag")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 SEPARATOR = "__"
+# The bound on one submission's whole grading run (every cell, check and hidden case together), in seconds.
+SUBMISSION_TIMEOUT_S = 600.0
+NO_NOTEBOOK = "no notebook in this learner's folder: nothing to grade"
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,7 @@ class Submission:
     learner: str
     exercise: str
     path: Path
+    problem: str = ""  # why it is refused without grading ('' when it is graded)
 
 
 @dataclass
@@ -50,22 +66,110 @@ def _skip(path: Path, root: Path) -> bool:
     return any(part.startswith(".") or part == "__pycache__" for part in parts)
 
 
+def submitted_notebooks(folder: Path) -> Tuple[List[Path], List[Path]]:
+    """``(notebooks, linked folders)`` under ``folder``: every ``*.ipynb`` entry, symbolic links included
+    (they are refused by :func:`own_file_problem`, by name), and the symbolically linked folders, which are
+    not followed (what lies behind them is not the learner's)."""
+    found: List[Path] = []
+    linked: List[Path] = []
+    for here, dirs, files in os.walk(folder, followlinks=False):
+        base = Path(here)
+        for name in list(dirs):
+            if (base / name).is_symlink():
+                (found if name.endswith(".ipynb") else linked).append(base / name)
+        dirs[:] = sorted(d for d in dirs if d != ".ipynb_checkpoints" and not (base / d).is_symlink())
+        found += [base / name for name in files if name.endswith(".ipynb")]
+    return sorted(found), sorted(linked)
+
+
+def own_file_problem(path: Path, root: Path) -> str:
+    """Why ``path`` is not a learner's own regular file under ``root`` ('' when it is): a symbolic link
+    (to another learner's notebook, or to the course's solutions), a hard link, something other than a
+    file, or a file inside a linked folder. The message names no target."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc}): not graded"
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link, not the learner's own file: refused, not graded"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file: refused, not graded"
+    if info.st_nlink > 1:
+        return "is a hard link (one more name of a file kept elsewhere), not the learner's own file: refused, not graded"
+    try:
+        parts = path.relative_to(root).parts[:-1]
+    except ValueError:
+        return "lies outside the submissions folder: refused, not graded"
+    here = root
+    for part in parts:
+        here = here / part
+        if here.is_symlink():
+            return f"lies in {part}/, a symbolic link to another folder: refused, not graded"
+    return ""
+
+
+def exercise_mismatch(path: Path, exercise: str) -> str:
+    """A line saying so when the notebook at ``path`` is of another exercise than ``exercise`` (by its
+    metadata, or by the tasks it holds); '' when it is this exercise's, or cannot tell (a notebook the
+    grader cannot read reports that itself)."""
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+        claimed = (nb.get("metadata") or {}).get("paged_kv", {}).get("exercise")
+        numbers = sorted({str(cell["metadata"]["paged_kv"]["task"]).split(".")[0] for cell in nb.get("cells", [])
+                          if isinstance(cell, dict) and isinstance((cell.get("metadata") or {}).get("paged_kv"), dict)
+                          and "task" in cell["metadata"]["paged_kv"]})
+    except (OSError, ValueError, AttributeError, TypeError):
+        return ""
+    if isinstance(claimed, str) and claimed[:2].isdigit() and claimed != exercise:
+        return (f"this is a notebook of exercise {escape_text(claimed)}, not of exercise {exercise}; "
+                f"submit your exercises/{exercise}.ipynb")
+    if numbers and numbers != [exercise[:2]]:
+        return (f"this notebook holds tasks of exercise {escape_text(', '.join(numbers))}, not of exercise "
+                f"{exercise}; submit your exercises/{exercise}.ipynb")
+    return ""
+
+
+def escape_text(text: str) -> str:
+    """Learner-controlled text with its control characters shown as escapes (no terminal sequences)."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+def _parse_file_name(entry: Path) -> Optional[Tuple[str, str]]:
+    if SEPARATOR not in entry.stem:
+        return None
+    learner, exercise = entry.stem.split(SEPARATOR, 1)
+    return learner, exercise
+
+
 def find_submissions(folder: Union[str, Path]) -> Tuple[List[Submission], List[str]]:
-    """Submissions under ``folder`` in both layouts, sorted; plus warnings about files skipped."""
+    """Submissions under ``folder`` in both layouts, sorted; plus warnings about files skipped.
+
+    Every learner folder gives at least one submission: one without a notebook gives a refused
+    submission (:data:`NO_NOTEBOOK`), so the learner shows in every output at 0. Links are listed
+    with the reason they are refused (:func:`own_file_problem`)."""
     folder = Path(folder)
     found: List[Submission] = []
     warnings: List[str] = []
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith("."):
             continue
-        if entry.is_dir():
-            for path in sorted(entry.rglob("*.ipynb")):
-                if not _skip(path, folder) and path.is_file():
-                    found.append(Submission(entry.name, path.stem, path))
+        if entry.is_symlink():
+            parsed = _parse_file_name(entry) if entry.suffix == ".ipynb" else None
+            learner, exercise = parsed if parsed else (entry.name, "")
+            kind = "a symbolic link to a folder" if entry.is_dir() else "a symbolic link"
+            found.append(Submission(learner, exercise, entry, f"is {kind}, not the learner's own: refused, not graded"))
+        elif entry.is_dir():
+            notebooks, linked = submitted_notebooks(entry)
+            notebooks = [p for p in notebooks if not _skip(p, folder)]
+            warnings += [f"skipped {p.relative_to(folder)}: a symbolic link to a folder (not followed)" for p in linked]
+            if not notebooks:
+                found.append(Submission(entry.name, "", entry, NO_NOTEBOOK))
+            for path in notebooks:
+                found.append(Submission(entry.name, path.stem, path, own_file_problem(path, folder)))
         elif entry.suffix == ".ipynb":
-            if SEPARATOR in entry.stem:
-                learner, exercise = entry.stem.split(SEPARATOR, 1)
-                found.append(Submission(learner, exercise, entry))
+            parsed = _parse_file_name(entry)
+            if parsed:
+                found.append(Submission(parsed[0], parsed[1], entry, own_file_problem(entry, folder)))
             else:
                 warnings.append(
                     f"skipped {entry.name}: name it <learner>{SEPARATOR}NN_topic.ipynb "
@@ -73,6 +177,176 @@ def find_submissions(folder: Union[str, Path]) -> Tuple[List[Submission], List[s
                 )
     found.sort(key=lambda s: (s.learner, s.exercise, str(s.path)))
     return found, warnings
+
+
+def _zero_report(path: Path, exercise: str, line: str, pristine_nb: Any = None) -> GradeReport:
+    """A report at 0 that says ``line``: one failed task per task of the pristine notebook when there is one
+    (so the points still show), else no tasks and ``line`` as the error."""
+    from .notebook_tasks import find_tasks
+
+    report = GradeReport(submission=path, exercise=exercise, error=line)
+    if pristine_nb is not None:
+        report.tasks = [TaskResult(t.task, t.points, False, line) for t in find_tasks(pristine_nb).values()]
+    return report
+
+
+def _pristine_of(exercise: str, course: Optional[Union[str, Path]]) -> Any:
+    """The pristine learner version of ``exercise`` in ``course``'s exercises/, or None."""
+    from .notebook_tasks import read_notebook
+
+    if course is None or not exercise:
+        return None
+    for path in (Path(course) / "exercises" / "pristine" / f"{exercise}.ipynb",
+                 Path(course) / "exercises" / f"{exercise}.ipynb"):
+        if path.is_file():
+            try:
+                return read_notebook(path)
+            except Exception:  # noqa: BLE001 - only used to list the tasks of a report at 0
+                return None
+    return None
+
+
+def name_every_task(report: GradeReport, course: Optional[Union[str, Path]]) -> GradeReport:
+    """``report``, with every task of its exercise listed at 0 (the error as each one's failure) when the
+    grader could not grade the notebook at all, so that no task goes unnamed."""
+    if report.tasks or not report.error:
+        return report
+    filled = _zero_report(report.submission, report.exercise, report.error,
+                          _pristine_of(report.exercise, course))
+    for task in filled.tasks:
+        task.failure = f"not graded: {first_line(report.error)}"
+    report.tasks = filled.tasks
+    return report
+
+
+def _report_from_json(data: Dict[str, Any]) -> GradeReport:
+    tasks = [TaskResult(t["task"], t["points"], t["passed"], t.get("failure", ""), t.get("detail", ""),
+                        [CheckResult(**c) for c in t.get("checks", [])]) for t in data.get("tasks", [])]
+    return GradeReport(Path(data["submission"]), data.get("exercise", ""), tasks, list(data.get("notes", [])),
+                       data.get("error", ""))
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process descended from it, also those that started sessions of their own
+    (the judge, the kernel, the sandbox); the whole tree is listed before any of it is killed."""
+    family = {pid}
+    try:
+        parents: Dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                    parents[int(entry)] = int(fields[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+        grew = True
+        while grew:
+            grew = False
+            for child, parent in parents.items():
+                if parent in family and child not in family:
+                    family.add(child)
+                    grew = True
+    except OSError:  # no /proc: the child's own process group is what can be reached
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for member in family:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def grade_bounded(
+    path: Path,
+    exercise: Optional[str] = None,
+    course: Optional[Union[str, Path]] = None,
+    timeout: float = SUBMISSION_TIMEOUT_S,
+    pristine: Optional[Union[str, Path]] = None,
+    cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
+    sandbox_mode: str = "auto",
+    hidden: Sequence[Path] = (),
+    pristine_nb: Any = None,
+    cases: Optional[Union[str, Path]] = None,
+) -> GradeReport:
+    """Grade one notebook in a child process whose whole run (and everything it starts) is bounded by
+    ``timeout`` seconds: a run past it is killed and reported as a timeout at 0, with no hint. Arguments
+    are :func:`.grader.grade_notebook`'s; the report comes back as JSON, never as a pickle."""
+    import nbformat
+
+    with tempfile.TemporaryDirectory(prefix="paged-kv-submission-") as tmp:
+        request = {"submission": str(path), "exercise": exercise, "course": str(course) if course else None,
+                   "pristine": str(pristine) if pristine else None, "cell_timeout": cell_timeout,
+                   "sandbox_mode": sandbox_mode, "hidden": [str(h) for h in hidden],
+                   "cases": str(cases) if cases else None, "out": str(Path(tmp) / "report.json"),
+                   "pristine_nb": nbformat.writes(pristine_nb) if pristine_nb is not None else None}
+        (Path(tmp) / "request.json").write_text(json.dumps(request), encoding="utf-8")
+        child = subprocess.Popen([sys.executable, "-m", "paged_kv_course.grading.batch", str(Path(tmp) / "request.json")],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 start_new_session=True, env=_same_code_env())
+        try:
+            _, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(child.pid)
+            child.communicate()
+            line = (f"timed out: grading this submission took longer than {timeout:g} s in all (an endless loop, "
+                    "or a very slow solution?); not graded")
+            name = exercise or Path(path).stem
+            return _zero_report(Path(path), name, line, pristine_nb if pristine_nb is not None
+                                else _pristine_of(name, course))
+        out = Path(tmp) / "report.json"
+        if child.returncode != 0 or not out.is_file():
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
+            return GradeReport(submission=Path(path), exercise=exercise or Path(path).stem,
+                               error=f"grader failed: {tail[0]}")
+        return _name_errors(_report_from_json(json.loads(out.read_text(encoding="utf-8"))))
+
+
+def _name_errors(report: GradeReport) -> GradeReport:
+    """A failure line that is only a traceback's location (``File "<ipython-input-1-...>", line 1``) gets the
+    error it located, from the last line of its detail (``SyntaxError: expected ':' (line 1)``), so a syntax
+    error says so in every gradebook and report."""
+    for task in report.tasks:
+        head, _, rest = task.failure.partition('File "<')
+        last = task.detail.strip().splitlines()[-1].strip() if task.detail.strip() else ""
+        if rest and not head.strip(": ").replace("solution cell", "") and ("Error" in last or "Exception" in last):
+            where = rest.rsplit(", ", 1)[-1] if ", line " in rest else ""
+            task.failure = f"{head}{last}" + (f" ({where})" if where.startswith("line ") else "")
+    return report
+
+
+def _same_code_env() -> Dict[str, str]:
+    """The environment for a grading child: this one, with the folders this process imported the course and
+    the library from first on PYTHONPATH, so the child runs the same code as its parent."""
+    import paged_kv_lib
+
+    import paged_kv_course
+
+    roots = [str(Path(paged_kv_course.__file__).resolve().parents[1]),
+             str(Path(paged_kv_lib.__file__).resolve().parents[1])]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                                if p]))
+    return env
+
+
+def _grade_request(request_file: str) -> int:
+    """The child side of :func:`grade_bounded`: grade what the request names, write the report as JSON."""
+    import nbformat
+
+    request = json.loads(Path(request_file).read_text(encoding="utf-8"))
+    loaded = nbformat.reads(request["pristine_nb"], as_version=4) if request.get("pristine_nb") else None
+    report = grade_notebook(request["submission"], pristine=request.get("pristine"),
+                            cell_timeout=request["cell_timeout"], exercise=request.get("exercise"),
+                            course=request.get("course"), sandbox_mode=request["sandbox_mode"],
+                            hidden=[Path(h) for h in request.get("hidden", [])], pristine_nb=loaded,
+                            cases=request.get("cases"))
+    data = asdict(report)
+    data["submission"] = str(report.submission)
+    Path(request["out"]).write_text(json.dumps(data), encoding="utf-8")
+    return 0
 
 
 def grade_submission(
@@ -84,13 +358,27 @@ def grade_submission(
     hidden: Sequence[Path] = (),
     pristines: Optional[Dict[str, Any]] = None,
     cases: Optional[Path] = None,
+    timeout: float = SUBMISSION_TIMEOUT_S,
 ) -> GradeReport:
-    """Grade one submission; whatever goes wrong becomes that submission's report, never an exception."""
+    """Grade one submission within ``timeout`` seconds in all; a refused one (a link, an empty folder, a
+    notebook of another exercise) gets a report at 0 saying why. Whatever goes wrong becomes that
+    submission's report, never an exception."""
+    from .grader import EXERCISE_NAME
+
+    loaded = (pristines or {}).get(submission.exercise)
+    if loaded is None and (submission.problem or EXERCISE_NAME.match(submission.exercise)):
+        loaded = _pristine_of(submission.exercise, course)  # only to list the tasks of a report at 0
+    if submission.problem:
+        line = submission.problem if submission.problem == NO_NOTEBOOK else f"{submission.path.name}: {submission.problem}"
+        return _zero_report(submission.path, submission.exercise, line, loaded)
+    if EXERCISE_NAME.match(submission.exercise):
+        wrong = exercise_mismatch(submission.path, submission.exercise)
+        if wrong:
+            return _zero_report(submission.path, submission.exercise, f"{submission.path.name}: {wrong}", loaded)
     try:
-        loaded = (pristines or {}).get(submission.exercise)
-        return grade_notebook(submission.path, pristine=pristine, cell_timeout=cell_timeout,
-                              exercise=submission.exercise, course=course, sandbox_mode=sandbox_mode,
-                              hidden=hidden, pristine_nb=loaded, cases=cases)
+        return grade_bounded(submission.path, exercise=submission.exercise, course=course, timeout=timeout,
+                             pristine=pristine, cell_timeout=cell_timeout, sandbox_mode=sandbox_mode,
+                             hidden=hidden, pristine_nb=loaded, cases=cases)
     except Exception as exc:  # noqa: BLE001 - one broken submission must never stop the class's run
         return GradeReport(submission=submission.path, exercise=submission.exercise, error=f"grader failed: {exc}")
 
@@ -105,7 +393,7 @@ def load_pristines(
 
     loaded: Dict[str, Any] = {}
     for sub in submissions:
-        if sub.exercise in loaded:
+        if sub.exercise in loaded or not sub.exercise:
             continue
         try:
             check_exercise_name(sub.exercise)
@@ -125,9 +413,11 @@ def grade_batch(
     sandbox_mode: str = "auto",
     hidden: Sequence[Path] = (),
     cases: Optional[Path] = None,
+    timeout: float = SUBMISSION_TIMEOUT_S,
 ) -> List[BatchResult]:
     """Grade submissions, ``jobs`` at a time (default: the number of cores), with a progress bar; ``cases`` is
-    the folder of hidden cases (default: the course's ``exercises/hidden/``)."""
+    the folder of hidden cases (default: the course's ``exercises/hidden/``); ``timeout`` bounds each
+    submission's whole run."""
     jobs = max(1, jobs or os.cpu_count() or 1)
     if course is None and pristine is None and submissions:
         try:
@@ -137,7 +427,7 @@ def grade_batch(
         except FileNotFoundError:
             course = None
     pristines = load_pristines(submissions, pristine, course)
-    hide = list(hidden) + [s.path.resolve().parent for s in submissions]
+    hide = list(hidden) + [s.path.resolve().parent for s in submissions if not s.problem]
     watch = _watched(course, pristine)  # with the sandbox on too: a grade is flagged whatever changed the files
     baseline = fingerprint(watch)
     changed_after = ""
@@ -149,7 +439,8 @@ def grade_batch(
         bar = tqdm(total=len(submissions), desc="grading", unit="notebook")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {
-            pool.submit(grade_submission, s, pristine, cell_timeout, course, sandbox_mode, hide, pristines, cases): s
+            pool.submit(grade_submission, s, pristine, cell_timeout, course, sandbox_mode, hide, pristines, cases,
+                        timeout): s
             for s in submissions
         }
         for future in as_completed(futures):
@@ -295,3 +586,7 @@ def first_line(text: str) -> str:
         if line.strip():
             return line.strip()
     return ""
+
+
+if __name__ == "__main__":
+    sys.exit(_grade_request(sys.argv[1]))

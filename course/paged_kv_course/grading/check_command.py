@@ -2,7 +2,9 @@
 
 First nbval runs every cell of the learner's exercise notebooks (``--nbval-lax``: a check
 cell that raises fails its item): quick feedback, the same a learner gets pressing Run All.
-Then the official grader grades each notebook and one line per task is printed. The exit
+Then the official grader grades each notebook (each one's whole run bounded in time) and one
+line per task is printed, every task of the exercise named even when its notebook could not be
+graded at all. ``make check`` installs the learner's dependencies only (``install-lab``). The exit
 status is 0 only when every task of every checked notebook passed: nbval is feedback, the
 grader's score is the grade (a notebook whose checks are wrapped in ``try``/``except``
 passes nbval and still scores 0).
@@ -93,7 +95,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``paged-kv check``."""
-    from .grader import InputError, PristineNotFoundError, find_course, grade_notebook
+    from .batch import SUBMISSION_TIMEOUT_S, grade_bounded, name_every_task
+    from .grader import InputError, PristineNotFoundError, find_course
 
     try:
         course = find_course(None, args.course)
@@ -112,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"nbval: {'passed' if nbval_ok else 'FAILED'}: {nbval_line}", flush=True)
     reports = []
     for notebook in notebooks:
-        reports.append(grade_notebook(notebook, course=course))
+        report = grade_bounded(notebook, course=course, timeout=SUBMISSION_TIMEOUT_S)
+        reports.append(name_every_task(report, course))
     for line in task_lines(reports):
         print(line)
     if args.summary is not None:

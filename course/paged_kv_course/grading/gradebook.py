@@ -4,9 +4,13 @@
 
 - ``long``: one row per learner, notebook and task (:func:`.batch.write_gradebook`);
 - ``wide``: one row per learner, a column per task and per notebook, and the totals;
-- ``canvas``: Canvas's gradebook import (Student, ID, SIS User ID, SIS Login ID, Section,
-  then one column per notebook), with the learners' names and ids from a roster CSV
-  (``learner,name,id,sis_login[,section]``; ``learner`` is the submission folder's name).
+- ``canvas``: Canvas's grade-import CSV: Student, ID, SIS User ID (only when the roster has
+  that column: never filled with the Canvas id), SIS Login ID, Section, then one column per
+  notebook, named ``Name (ASSIGNMENT_ID)`` when the instructor gives the Canvas assignment's id
+  (else a new column, which Canvas imports as a new assignment), and a "Points Possible" row
+  first. Names and ids come from a roster CSV (``learner,name,id,sis_login[,section]
+  [,sis_user_id]``; ``learner`` is the submission folder's name); assignment ids from
+  ``canvas_assignments.csv`` beside the roster (``exercise,assignment_id``), when there is one.
 
 ``--reports DIR`` writes ``DIR/<learner>.md``: every notebook of that learner with its
 score table and every failure in full (call, expected, got, hint), as the single-notebook
@@ -30,8 +34,10 @@ from .batch import BatchResult, duplicates, escape_cell, first_line, fmt_points,
 
 FORMATS = ("long", "wide", "canvas")
 ROSTER_REQUIRED = ("learner", "name", "id", "sis_login")
-ROSTER_OPTIONAL = ("section",)
+ROSTER_OPTIONAL = ("section", "sis_user_id")
 CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
+POINTS_POSSIBLE = "Points Possible"
+ASSIGNMENTS_FILE = "canvas_assignments.csv"
 NOT_IN_ROSTER = "not in the roster"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -49,14 +55,43 @@ class RosterEntry:
     id: str
     sis_login: str
     section: str = ""
+    sis_user_id: str = ""
+
+
+class Roster(Dict[str, RosterEntry]):
+    """The roster: ``learner -> entry``, plus whether it has SIS user ids at all and the Canvas assignment
+    id of each exercise (from :data:`ASSIGNMENTS_FILE` beside it)."""
+
+    has_sis_user_id: bool = False
+    assignments: Dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------------------
 # Roster
 
 
-def read_roster(path: Union[str, Path]) -> Dict[str, RosterEntry]:
-    """The roster CSV as ``learner -> entry``; a missing or unknown column, a blank or repeated learner is refused."""
+def read_assignments(path: Path) -> Dict[str, str]:
+    """``exercise -> Canvas assignment id`` from a CSV with columns ``exercise,assignment_id`` (an id is the
+    number in the assignment's Canvas address); a bad column, id or repeated exercise is refused."""
+    try:
+        rows = list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GradebookError(f"{path}: cannot read it ({exc})") from None
+    found: Dict[str, str] = {}
+    for line, row in enumerate(rows, start=2):
+        exercise, ident = (row.get("exercise") or "").strip(), (row.get("assignment_id") or "").strip()
+        if not exercise or not ident.isdigit():
+            raise GradebookError(f"{path}: line {line} needs an exercise and a numeric assignment_id "
+                                 "(columns exercise,assignment_id)")
+        if exercise in found:
+            raise GradebookError(f"{path}: line {line} repeats exercise {exercise!r}")
+        found[exercise] = ident
+    return found
+
+
+def read_roster(path: Union[str, Path]) -> Roster:
+    """The roster CSV as ``learner -> entry``; a missing or unknown column, a blank or repeated learner is refused.
+    The Canvas assignment ids come from :data:`ASSIGNMENTS_FILE` beside it, when there is one."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -69,12 +104,15 @@ def read_roster(path: Union[str, Path]) -> Dict[str, RosterEntry]:
     missing = [c for c in ROSTER_REQUIRED if c not in columns]
     if missing:
         raise GradebookError(f"--roster {path}: no column {missing[0]!r} (columns must be "
-                             f"{','.join(ROSTER_REQUIRED)}[,section])")
+                             f"{','.join(ROSTER_REQUIRED)}[,section][,sis_user_id])")
     unknown = [c for c in columns if c not in ROSTER_REQUIRED + ROSTER_OPTIONAL]
     if unknown:
         raise GradebookError(f"--roster {path}: unknown column {unknown[0]!r} (columns must be "
-                             f"{','.join(ROSTER_REQUIRED)}[,section])")
-    roster: Dict[str, RosterEntry] = {}
+                             f"{','.join(ROSTER_REQUIRED)}[,section][,sis_user_id])")
+    roster = Roster()
+    roster.has_sis_user_id = "sis_user_id" in columns
+    sibling = path.parent / ASSIGNMENTS_FILE
+    roster.assignments = read_assignments(sibling) if sibling.is_file() else {}
     for line, raw in enumerate(reader, start=2):
         row = {(k or "").strip(): (v or "").strip() for k, v in raw.items() if k is not None}
         learner = row.get("learner", "")
@@ -82,7 +120,8 @@ def read_roster(path: Union[str, Path]) -> Dict[str, RosterEntry]:
             raise GradebookError(f"--roster {path}: line {line} has no learner")
         if learner in roster:
             raise GradebookError(f"--roster {path}: line {line} repeats learner {learner!r}")
-        roster[learner] = RosterEntry(learner, row["name"], row["id"], row["sis_login"], row.get("section", ""))
+        roster[learner] = RosterEntry(learner, row["name"], row["id"], row["sis_login"], row.get("section", ""),
+                                      row.get("sis_user_id", ""))
     return roster
 
 
@@ -100,7 +139,8 @@ def _layout(results: Sequence[BatchResult]) -> Tuple[List[str], Dict[str, List[s
     learners: List[str] = []
     for result in results:
         notebook = result.report.exercise or result.submission.exercise
-        tasks.setdefault(notebook, set()).update(t.task for t in result.report.tasks)
+        if notebook:  # a learner folder with no notebook adds a learner, not a notebook
+            tasks.setdefault(notebook, set()).update(t.task for t in result.report.tasks)
         if result.submission.learner not in learners:
             learners.append(result.submission.learner)
     notebooks = sorted(tasks)
@@ -123,8 +163,9 @@ def _flags(results: Sequence[BatchResult], learner: str) -> List[str]:
         if result.submission.learner == learner:
             flags += [n for n in result.report.notes if n.startswith(TAMPERED)]
             if result.report.error:
-                flags.append(f"{result.report.exercise or result.submission.exercise}: "
-                             f"{first_line(result.report.error)}")
+                notebook = result.report.exercise or result.submission.exercise
+                flags.append(f"{notebook}: {first_line(result.report.error)}" if notebook
+                             else first_line(result.report.error))
     return flags
 
 
@@ -147,6 +188,8 @@ def wide_rows(results: Iterable[BatchResult]) -> Tuple[List[str], List[Dict[str,
             best = sum(_points_of(notebook, task, results) for task in tasks[notebook])
             maximum += best
             if result is None:
+                if _submitted_nothing(results, learner):
+                    row[notebook] = 0  # a learner folder with no notebook: 0, and the flag says why
                 continue  # no submission: blank cells, not zeros, so an LMS import changes nothing
             for task in result.report.tasks:
                 row[task.task] = fmt_points(task.earned)
@@ -156,6 +199,20 @@ def wide_rows(results: Iterable[BatchResult]) -> Tuple[List[str], List[Dict[str,
         row["flag"] = "; ".join(_flags(results, learner))
         rows.append({k: escape_cell(v) for k, v in row.items()})
     return columns, rows
+
+
+def _submitted_nothing(results: Sequence[BatchResult], learner: str) -> bool:
+    """Whether ``learner``'s folder held no notebook at all (listed at 0, not left blank)."""
+    from .batch import NO_NOTEBOOK
+
+    return any(r.submission.learner == learner and r.submission.problem == NO_NOTEBOOK for r in results)
+
+
+def canvas_column(notebook: str, assignments: Dict[str, str]) -> str:
+    """A notebook's Canvas column: ``Name (ID)`` for an existing Canvas assignment, else the bare name (which
+    Canvas's import offers to create as a new assignment)."""
+    ident = assignments.get(notebook) or assignments.get(notebook[:2])
+    return f"{notebook} ({ident})" if ident else notebook
 
 
 def _points_of(notebook: str, task: str, results: Sequence[BatchResult]) -> float:
@@ -168,24 +225,37 @@ def _points_of(notebook: str, task: str, results: Sequence[BatchResult]) -> floa
 
 
 def canvas_rows(results: Iterable[BatchResult], roster: Dict[str, RosterEntry]) -> Tuple[List[str], List[Dict[str, Any]]]:
-    """Columns and rows of a Canvas gradebook import: every roster learner, then graded learners the roster lacks."""
+    """Columns and rows of a Canvas grade import: the "Points Possible" row, every roster learner, then graded
+    learners the roster lacks. "SIS User ID" is a column only when the roster has one; an assignment column
+    carries its Canvas id when :data:`ASSIGNMENTS_FILE` gives it."""
     results = list(results)
-    notebooks, _, learners = _layout(results)
+    notebooks, tasks, learners = _layout(results)
     graded = _by_learner(results)
-    columns = list(CANVAS_FIXED) + notebooks
-    rows = []
+    assignments = getattr(roster, "assignments", {}) or {}
+    with_sis = bool(getattr(roster, "has_sis_user_id", False))
+    fixed = [c for c in CANVAS_FIXED if with_sis or c != "SIS User ID"]
+    named = {n: canvas_column(n, assignments) for n in notebooks}
+    columns = fixed + [named[n] for n in notebooks]
+    possible: Dict[str, Any] = {c: "" for c in fixed}
+    possible["Student"] = POINTS_POSSIBLE
+    for notebook in notebooks:
+        possible[named[notebook]] = fmt_points(sum(_points_of(notebook, t, results) for t in tasks[notebook]))
+    rows = [possible]
     everyone = list(roster) + [name for name in learners if name not in roster]
     for learner in everyone:
         entry = roster.get(learner)
         if entry is None:
-            row: Dict[str, Any] = {"Student": f"{learner} ({NOT_IN_ROSTER})", "ID": "", "SIS User ID": "",
-                                   "SIS Login ID": "", "Section": ""}
+            row: Dict[str, Any] = {c: "" for c in fixed}
+            row["Student"] = f"{learner} ({NOT_IN_ROSTER})"
         else:
-            row = {"Student": entry.name, "ID": entry.id, "SIS User ID": entry.id,
-                   "SIS Login ID": entry.sis_login, "Section": entry.section}
+            row = {"Student": entry.name, "ID": entry.id, "SIS Login ID": entry.sis_login, "Section": entry.section}
+            if with_sis:
+                row["SIS User ID"] = entry.sis_user_id  # the SIS's own id, never the Canvas id
+        nothing = _submitted_nothing(results, learner)
         for notebook in notebooks:
             result = graded.get((learner, notebook))
-            row[notebook] = "" if result is None else fmt_points(result.report.earned)
+            row[named[notebook]] = (fmt_points(result.report.earned) if result is not None
+                                    else 0 if nothing else "")
         rows.append({k: escape_cell(v) for k, v in row.items()})
     return columns, rows
 
@@ -219,7 +289,8 @@ def write(results: Iterable[BatchResult], path: Union[str, Path], fmt: str = "lo
         return len(write_gradebook(results, path))
     if fmt == "canvas":
         if roster is None:
-            raise GradebookError("--format canvas needs --roster FILE (columns learner,name,id,sis_login[,section])")
+            raise GradebookError("--format canvas needs --roster FILE "
+                                 "(columns learner,name,id,sis_login[,section][,sis_user_id])")
         columns, rows = canvas_rows(results, roster)
     else:
         columns, rows = wide_rows(results)
@@ -277,7 +348,7 @@ def output_problem(fmt: str, roster: Optional[Path], reports: Optional[Path]) ->
     if fmt not in FORMATS:
         return f"--format {fmt!r}: not one of {', '.join(FORMATS)}"
     if fmt == "canvas" and roster is None:
-        return "--format canvas needs --roster FILE (columns learner,name,id,sis_login[,section])"
+        return "--format canvas needs --roster FILE (columns learner,name,id,sis_login[,section][,sis_user_id])"
     if roster is not None and fmt != "canvas":
         return f"--roster is read only with --format canvas, not --format {fmt}"
     if roster is not None:

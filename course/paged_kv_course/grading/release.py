@@ -3,21 +3,27 @@
 The release holds the lessons, the learner versions of the exercises (generated afresh
 from the solutions, so they cannot be stale), a pristine copy of each learner version in
 ``exercises/pristine/`` (what ``paged-kv grade`` compares against in a released course),
-the library, the docs and the files that install it, and the class's CI: a workflow that
-runs ``make check`` on every push and GitHub Classroom's autograding (one test per task,
-see :mod:`.classroom`). It leaves out ``exercises/solutions/``, ``tests/`` (whose
-planted-solution tests hold working answers), ``exercises/hidden/`` (the hidden cases of official
-grading) and the instructors' guide, ships the
-starter classes only of exercises before ``--assignment NN`` (a starter holds the answer
-of its exercise), and refuses to finish if any released notebook still holds a solution
-region.
-The instructor keeps the solutions in their own checkout and grades with
+the library and the course package (``course/``), the docs and the files that install them,
+a README written for learners (no ``make test``: a release has no ``tests/``; links only to
+pages the release holds), a ``.dockerignore`` (an image built from the release leaves out
+``.venv``, ``.git`` and caches), and one workflow, ``.github/workflows/check.yml``, that runs
+``make check`` on every push as feedback. GitHub Classroom's autograding is not written: the
+application is sunset, and a score computed in the learner's own repository is the learner's to
+change (they own the workflow, the Makefile and the library it runs), so credit comes from
+Gradescope or the instructor's batch.
+
+It leaves out ``exercises/solutions/``, ``tests/`` (whose planted-solution tests hold working
+answers), ``exercises/hidden/`` (the hidden cases of official grading) and the instructors'
+pages, ships the starter classes only of exercises before ``--assignment NN`` (a starter holds
+the answer of its exercise), and refuses to finish if any released notebook still holds a
+solution region. The instructor keeps the solutions in their own checkout and grades with
 ``paged-kv grade --course CHECKOUT``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -27,13 +33,84 @@ from .hidden import HIDDEN_DIR
 from .notebook_tasks import BEGIN_MARKER, END_MARKER
 
 # What a learner's course is made of, relative to the course folder.
-RELEASED = ("lessons", "exercises", "paged_kv_lib", "course", "docs", "benchmarks", "scripts", "binder", "docker", "README.md",
+RELEASED = ("lessons", "exercises", "paged_kv_lib", "course", "docs", "benchmarks", "scripts", "binder", "docker",
             "LICENSE", "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 PRISTINE_DIR = "pristine"
 # Instructor-only files inside released folders, relative to the course folder.
 WITHHELD = ("docs/instructors.md", "docs/class.md")
 STARTERS = Path("course") / "paged_kv_course" / "starters"
 _SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+PYTHON_VERSION = "3.11"
+# The pages a learner's README links, when the release holds them.
+LEARNER_DOCS = (("docs/exercises.md", "how the exercises work and are graded"),
+                ("docs/platforms.md", "Colab, Binder, JupyterHub and VS Code; memory and GPUs"),
+                ("docs/library.md", "the library you are building, piece by piece"),
+                ("docs/course.md", "how the course is put together"))
+
+CHECK_WORKFLOW = """# Written by `paged-kv release`: check the exercises on every push (feedback, not the grade).
+# nbval runs every cell of your exercises; then the grader scores each task. Your grade comes from your
+# instructor (Gradescope or their own grading run), not from this workflow, which you can change.
+name: check
+on: [push, pull_request, workflow_dispatch]
+jobs:
+  check:
+    runs-on: ubuntu-latest
+    timeout-minutes: 60
+    steps:
+      - uses: actions/checkout@v4
+      - uses: actions/setup-python@v5
+        with:
+          python-version: "{python}"
+      - name: bubblewrap, the grader's sandbox
+        run: sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap
+      - name: make check
+        run: make check CHECK_SUMMARY="$GITHUB_STEP_SUMMARY"
+"""
+
+DOCKERIGNORE = """# Written by `paged-kv release`: what stays out of an image built from this folder (docker/Dockerfile).
+.git
+.github
+.venv
+**/__pycache__
+**/*.py[cod]
+**/*.egg-info
+**/.ipynb_checkpoints
+.pytest_cache
+.hypothesis
+.mypy_cache
+.ruff_cache
+build
+dist
+gpu-check-out
+test-artifacts
+"""
+
+README = """# paged-kv: the course
+
+A hands-on course on how LLM inference engines manage KV-cache memory with **paging**: lessons in
+`lessons/`, graded exercises in `exercises/`, and the library they build in `paged_kv_lib/`.
+
+## Start
+
+```bash
+make lab     # creates .venv, installs the course (JupyterLab, Triton), opens the lessons
+make check   # runs every cell of your exercises (nbval), then the grader: one line per task
+```
+
+Both need Python 3.10 or newer and `make`. They install `TORCH_SPEC` (default `torch==2.13.0`);
+the default Linux wheel of torch is the CUDA build, several GB: give pip PyTorch's CPU wheel index
+with `TORCH_PIP_ARGS="--index-url URL"` (the URL from the install selector on PyTorch's site) for
+the CPU build, or on a CUDA machine run `make install-lab TORCH_SPEC=torch`.
+
+## Exercises
+
+Work in `exercises/NN_topic.ipynb`, in the cells marked as yours; each check cell tells you what
+passed. `make check EXERCISES="03"` checks one exercise;
+`.venv/bin/paged-kv grade exercises/03_the_allocator.ipynb` prints one notebook's score table.
+Every push runs `make check` in GitHub Actions (`.github/workflows/check.yml`) and puts the table
+in the run's summary. That is feedback for you: the grade comes from your instructor, whose
+grading may add hidden cases.
+{docs}"""
 
 
 class ReleaseError(RuntimeError):
@@ -69,7 +146,6 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
     """Write the learner's course from ``course`` into ``out`` (which must not exist or be empty);
     return the files written. Starters ship only for exercises before ``assignment`` (none without it);
     ``repo_url`` (the class repository) goes into every notebook's Colab setup block."""
-    from .classroom import write_workflows
     from .generate import generate, solution_paths
 
     course = course.resolve()
@@ -113,7 +189,7 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
         for withheld in ("solutions", HIDDEN_DIR):
             if (staging / "exercises" / withheld).exists():
                 raise ReleaseError(f"exercises/{withheld}/ would be released")
-        write_workflows(staging)
+        write_class_files(staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -121,6 +197,38 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return sorted(p for p in out.rglob("*") if p.is_file())
+
+
+def release_readme(release: Path) -> str:
+    """The README of a release: how a learner starts and checks their work, linking only pages it holds."""
+    docs = [f"- [{name}]({name}): {what}" for name, what in LEARNER_DOCS if (release / name).is_file()]
+    return README.format(docs="\n## More\n\n" + "\n".join(docs) + "\n" if docs else "")
+
+
+def readme_problems(release: Path) -> List[str]:
+    """What a release's README gets wrong: a command the release cannot run, a link to a page it left out."""
+    text = (release / "README.md").read_text(encoding="utf-8")
+    problems = ["it tells learners to run `make test` (a release has no tests/)"] if "make test" in text else []
+    for target in re.findall(r"\]\(([^)#\s]+)", text):
+        if "://" not in target and not (release / target).exists():
+            problems.append(f"it links {target}, which the release leaves out")
+    return problems
+
+
+def write_class_files(release: Path) -> List[Path]:
+    """Write a release's README, its check workflow and its .dockerignore; refuse a README with a problem."""
+    readme = release / "README.md"
+    readme.write_text(release_readme(release), encoding="utf-8")
+    problems = readme_problems(release)
+    if problems:
+        raise ReleaseError(f"README.md: {problems[0]}")
+    folder = release / ".github" / "workflows"
+    folder.mkdir(parents=True, exist_ok=True)
+    check = folder / "check.yml"
+    check.write_text(CHECK_WORKFLOW.format(python=PYTHON_VERSION), encoding="utf-8")
+    dockerignore = release / ".dockerignore"
+    dockerignore.write_text(DOCKERIGNORE, encoding="utf-8")
+    return [readme, check, dockerignore]
 
 
 def register(subparsers: Any) -> None:
@@ -174,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m paged_kv_course.grading.release --out DIR``: the same as ``paged-kv release``."""
     parser = argparse.ArgumentParser(prog="paged-kv release")
     sub = parser.add_subparsers()
     register(sub)
