@@ -28,7 +28,7 @@ from paged_kv_lib.model import TinyTransformer, encode, generate_no_cache, load_
 from .conformance import engine_for
 from .triton_skeleton import paged_decode
 
-__all__ = ["Parts", "Run", "WORKLOAD", "diagnose", "reference_tokens", "serve"]
+__all__ = ["Parts", "Run", "WORKLOAD", "attempt", "diagnose", "first_difference", "reference_tokens", "serve"]
 
 # A shared system prompt (prefix-cache hits for the requests after the first), one prompt long enough to be
 # chunked many times under the budget, and a pool small enough that the batch runs out of blocks once.
@@ -89,17 +89,29 @@ class Parts:
     # How the kernels are launched: 09.4's launcher itself, or (under a grader) a function that asks for the
     # same launch where the learner's kernels live; either way (q, k_cache, v_cache, ...) -> output.
     launch: Callable[..., torch.Tensor] = paged_decode
+    # The learner's own glue (task 10.3): make_decode_attention(kernel, merge) -> the engine's decode attention.
+    # None: the course's, below.
+    adapter: Optional[Callable[[Any, Any], Callable[..., torch.Tensor]]] = None
 
     @property
     def label(self) -> str:
         books = "your allocator" if self.allocator_class is not None else "library allocator"
-        attention = "your kernel" if self.kernel is not None else "library attention"
+        attention = "library attention" if self.kernel is None else "your kernel"
+        attention += " through your glue" if self.adapter is not None else ""
         return f"{books} + {attention}"
 
     def decode_attention(self) -> Optional[Callable[..., torch.Tensor]]:
         """The decode attention the engine calls on decode-only steps, through the 09.4 launcher."""
         if self.kernel is None:
             return None
+        if self.adapter is not None:
+            theirs = self.adapter(self.kernel, self.merge)
+
+            def counted(*args: torch.Tensor) -> torch.Tensor:
+                self.calls.append(args[0].shape[0])
+                return theirs(*args)
+
+            return counted
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                    seq_lens: torch.Tensor) -> torch.Tensor:
@@ -179,15 +191,31 @@ def first_difference(run: Run) -> Optional[str]:
     return None
 
 
-def diagnose(allocator_class: Optional[type], kernel: Any, merge: Any) -> List[Tuple[Run, Optional[str]]]:
-    """The library's engine with the learner's parts swapped in one at a time, then both: each run with its
-    first wrong token (None: token for token). A part that breaks alone is the part to fix."""
-    out = []
-    for parts in (Parts(allocator_class=allocator_class), Parts(kernel=kernel, merge=merge),
-                  Parts(allocator_class=allocator_class, kernel=kernel, merge=merge)):
+def attempt(parts: Parts) -> Tuple[Optional[Run], Optional[str]]:
+    """Serve the workload with ``parts``: the run and its first wrong token (None: token for token), or no run
+    and what it raised. ``NotImplementedError`` (a task not written yet) is raised, not reported."""
+    try:
         run = serve(parts)
-        out.append((run, first_difference(run)))
-    return out
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a part failed: what it raised is the report
+        text = str(exc).strip()
+        return None, f"it raised {type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    return run, first_difference(run)
+
+
+def diagnose(allocator_class: Optional[type], kernel: Any = None, merge: Any = None) -> List[Tuple[str, Optional[str]]]:
+    """The library's engine with the learner's parts swapped in one at a time, then both: each run's label and
+    its first wrong token or error (None: token for token). A part that breaks alone is the part to fix.
+    A part left as None is the library's: its run alone, and the run with both, are left out."""
+    runs = []
+    if allocator_class is not None:
+        runs.append(Parts(allocator_class=allocator_class))
+    if kernel is not None:
+        runs.append(Parts(kernel=kernel, merge=merge))
+    if allocator_class is not None and kernel is not None:
+        runs.append(Parts(allocator_class=allocator_class, kernel=kernel, merge=merge))
+    return [(parts.label, attempt(parts)[1]) for parts in runs]
 
 
 def figures_table(runs: Sequence[Run]) -> str:

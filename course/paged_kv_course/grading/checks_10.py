@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from ..capstone import Parts, Run, figures_table, first_difference, serve
-from ._common import CheckFailure, fail, not_written, passed, run_probe
+import inspect
+import math
+
+from ..capstone import Parts, Run, attempt, figures_table, first_difference, serve
+from ._common import CheckFailure, call_learner, fail, not_written, passed, run_probe
 from ._common_09 import unwrap
 from .probes import triton_paged_decode
 
@@ -35,69 +38,154 @@ FORBIDDEN: tuple[str, ...] = (
     "paged_kv_lib.attention",
 )
 
-TASK = "10.1"
-
 
 def _launch(kernel: Any, merge: Any, *args: Any) -> Any:
     """09.4's launch of the learner's kernels, asked for where they live (a plain call in a notebook)."""
     report = run_probe(triton_paged_decode, kernel, merge, *args)
     out, _partials = unwrap(report, "paged_decode(paged_decode_kernel, merge_splits_kernel, ...) in the engine",
-                            "decode attention of the step's batch", TASK)
+                            "decode attention of the step's batch", "10.2")
     return out
 
 
 def _attempt(parts: Parts) -> Tuple[Optional[Run], Optional[str]]:
-    """Serve the workload with ``parts``: the run and its first wrong token, or no run and what it raised."""
+    """:func:`~paged_kv_course.capstone.attempt`, with an unwritten task reported in one line."""
     try:
-        run = serve(parts)
+        return attempt(parts)
     except CheckFailure:
         raise
     except NotImplementedError as exc:
         raise not_written(exc) from None
-    except Exception as exc:  # noqa: BLE001 - the learner's part failed: reported as a failed check
-        return None, f"it raised {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-    return run, first_difference(run)
 
 
-def _blame(MyAllocator: Any, kernel: Any, merge: Any, together: str) -> CheckFailure:
-    """The failure of the combined run, named after the part that breaks on its own."""
-    _, alone = _attempt(Parts(allocator_class=MyAllocator))
-    if alone is not None:
-        return fail("the engine with your allocator and the library's attention", "the no-cache tokens", alone,
-                    "the allocator is the part that breaks (the library's attention with it fails too): run "
-                    "exercise 06's checks again, then compare the blocks your class hands out with the engine's "
-                    "needs under chunked prefill and preemption")
-    _, alone = _attempt(Parts(kernel=kernel, merge=merge, launch=_launch))
-    if alone is not None:
-        return fail("the engine with the library's allocator and your kernel", "the no-cache tokens", alone,
-                    "the kernel is the part that breaks (the library's allocator with it fails too): run task "
-                    "09.4's check again; the engine's batches have sequences of very different lengths, "
-                    "block tables with unused entries, and GROUP = 2")
-    return fail("the engine with your allocator and your kernel", "the no-cache tokens", together,
-                "each part alone serves the model token for token, together they do not: does your allocator "
-                "hand out block ids at or past num_blocks, or reuse a block another sequence still reads?")
+def _library() -> Run:
+    run = serve()
+    if first_difference(run) is not None:  # the course's own parts: never the learner's fault
+        raise RuntimeError(f"the library's engine itself differs from the reference: {first_difference(run)}")
+    return run
 
 
-def check_capstone(MyAllocator: Any, paged_decode_kernel: Any, merge_splits_kernel: Any) -> None:
-    """Task 10.1: the engine serves the workload with the learner's allocator and kernel, token for token."""
-    library = serve()
-    if first_difference(library) is not None:  # the course's own parts: never the learner's fault
-        raise RuntimeError(f"the library's engine itself differs from the reference: {first_difference(library)}")
-    parts = Parts(allocator_class=MyAllocator, kernel=paged_decode_kernel, merge=merge_splits_kernel, launch=_launch)
-    run, wrong = _attempt(parts)
+def _allocator_class(my_allocator_class: Any, task: str) -> Any:
+    cls = call_learner(my_allocator_class, (), "my_allocator_class()", "your allocator class")
+    if not isinstance(cls, type):
+        raise fail("my_allocator_class()", "your allocator class", cls,
+                   "return the class itself (MyAllocator), not an instance")
+    return cls
+
+
+def _kernels(my_decode_kernels: Any, task: str) -> Tuple[Any, Any]:
+    pair = call_learner(my_decode_kernels, (), "my_decode_kernels()", "(paged_decode_kernel, merge_splits_kernel)")
+    if not (isinstance(pair, tuple) and len(pair) == 2):
+        raise fail("my_decode_kernels()", "(paged_decode_kernel, merge_splits_kernel)", pair,
+                   "return your two @triton.jit kernels of task 09.4 as a pair")
+    return pair
+
+
+_ALLOCATOR_HINT = ("the allocator is the part that breaks: run exercise 06's checks on this class, then compare the "
+                   "blocks it hands out with what the engine asks under chunked prefill, a fork and a preemption")
+_KERNEL_HINT = ("the kernel is the part that breaks: run task 09.4's check on these kernels; the engine's batches "
+                "have sequences of very different lengths, unused block-table entries, and GROUP = 2")
+
+
+def check_capstone_allocator(my_allocator_class: Any) -> None:
+    """Task 10.1: the engine serves the workload token for token with the learner's allocator doing the books."""
+    library = _library()
+    run, wrong = _attempt(Parts(allocator_class=_allocator_class(my_allocator_class, "10.1")))
     if wrong is not None or run is None:
-        raise _blame(MyAllocator, paged_decode_kernel, merge_splits_kernel, wrong or "no run")
-    if run.kernel_calls == 0:
-        raise fail("the engine with your kernel", "decode steps through paged_decode_kernel", "no decode step",
-                   "the engine never launched your kernel: pass it as the check cell does")
+        raise fail("the engine with your allocator and the library's attention", "the no-cache tokens", wrong,
+                   _ALLOCATOR_HINT)
     if run.prefix_hits == 0:
         raise fail("the engine with enable_prefix_caching=True", f"{library.prefix_hits} prompt tokens found cached",
-                   "0", "three prompts share a system prompt: your allocate_for_sequence(seq_id, n, token_ids=...) "
-                        "should find its full blocks in the prefix cache and return how many tokens it found")
+                   "0", "three prompts share a system prompt: allocate_for_sequence(seq_id, n, token_ids=...) should "
+                        "find its full blocks in your prefix cache and return how many tokens it found")
     print(figures_table([library, run]))
-    print(f"every one of the {run.generated} tokens equals the no-cache reference; your kernel served "
-          f"{run.kernel_calls} decode-attention calls")
-    passed(TASK)
+    passed("10.1")
 
 
-__all__ = ["check_capstone"]
+def check_capstone_kernels(my_decode_kernels: Any) -> None:
+    """Task 10.2: the engine serves the workload token for token with the learner's 09.4 kernels on decode steps."""
+    kernel, merge = _kernels(my_decode_kernels, "10.2")
+    run, wrong = _attempt(Parts(kernel=kernel, merge=merge, launch=_launch))
+    if wrong is not None or run is None:
+        raise fail("the engine with the library's allocator and your kernels", "the no-cache tokens", wrong,
+                   _KERNEL_HINT)
+    print(f"your kernels served {run.kernel_calls} decode-attention calls; every token equals the no-cache "
+          "reference")
+    passed("10.2")
+
+
+def _glue_cases() -> Any:
+    from paged_kv_lib.attention.testing import make_paged_batch
+
+    return [make_paged_batch(seq_lens, num_q_heads=4, num_kv_heads=2, head_dim=24, block_size=4, seed=seed)
+            for seq_lens, seed in (([1, 9, 30], 1), ([17], 2), ([5, 0, 12, 3], 3))]
+
+
+def _check_glue(attend: Any) -> None:
+    """The learner's decode attention on batches shaped like the tiny model's (head_dim 24), against plain torch."""
+    import torch
+
+    from paged_kv_lib.attention import paged_attention_reference
+
+    for batch in _glue_cases():
+        lens = [int(n) for n in batch.seq_lens]
+        call = f"decode_attention(q {tuple(batch.q.shape)}, ..., seq_lens={lens})"
+        want = paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
+        got = call_learner(attend, (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens), call, want)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            raise fail(call, f"a tensor of shape {tuple(want.shape)}", got if not isinstance(got, torch.Tensor)
+                       else f"shape {tuple(got.shape)}", "cut the padded head dimension back to the model's")
+        if torch.allclose(got.float(), want.float(), atol=2e-4, rtol=2e-4):
+            continue
+        head_dim = batch.q.shape[-1]
+        padded = 1 << (head_dim - 1).bit_length()
+        wrong_scale = paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
+                                                batch.seq_lens, scale=1 / math.sqrt(padded))
+        if torch.allclose(got.float(), wrong_scale.float(), atol=2e-4, rtol=2e-4):
+            hint = (f"the scores are scaled by 1/sqrt({padded}), the padded width: the model's heads are {head_dim} "
+                    "wide, and the zeros you appended do not change that")
+        else:
+            hint = "not the model's decode attention: compare with paged_attention_reference on this batch"
+        raise fail(call, "softmax attention of each query head over its sequence", "different values", hint)
+
+
+def _launches_through_the_kernel(make_decode_attention: Any) -> bool:
+    """Whether the glue's source launches the given kernels through the course's ``paged_decode`` launcher."""
+    try:
+        source = inspect.getsource(make_decode_attention)
+    except (OSError, TypeError):
+        return True  # no source here to read (the grader decides from the notebook it holds)
+    return "paged_decode(" in source
+
+
+def check_capstone(my_allocator_class: Any, my_decode_kernels: Any, make_decode_attention: Any) -> None:
+    """Task 10.3: the engine serves the workload with the learner's allocator, kernels and glue together."""
+    cls = _allocator_class(my_allocator_class, "10.3")
+    kernel, merge = _kernels(my_decode_kernels, "10.3")
+    attend = call_learner(make_decode_attention, (kernel, merge), "make_decode_attention(kernel, merge)",
+                          "a decode-attention function")
+    if not _launches_through_the_kernel(make_decode_attention):
+        raise fail("make_decode_attention(kernel, merge)", "decode attention launched through paged_decode",
+                   "no paged_decode call", "the glue must run your kernels (paged_decode(kernel, merge, ...)), not "
+                   "compute attention another way")
+    _check_glue(attend)
+    library = _library()
+    run, wrong = _attempt(Parts(cls, kernel, merge, launch=_launch, adapter=make_decode_attention))
+    if wrong is not None or run is None:
+        _, alone = _attempt(Parts(allocator_class=cls))
+        if alone is not None:
+            raise fail("the engine with your allocator and the library's attention", "the no-cache tokens", alone,
+                       _ALLOCATOR_HINT)
+        _, alone = _attempt(Parts(kernel=kernel, merge=merge, launch=_launch))
+        if alone is not None:
+            raise fail("the engine with the library's allocator and your kernels", "the no-cache tokens", alone,
+                       _KERNEL_HINT)
+        raise fail("the engine with your allocator, kernels and glue", "the no-cache tokens", wrong,
+                   "each part alone serves the model token for token, together they do not: does the allocator "
+                   "hand out a block id past num_blocks, or the glue change its inputs in place?")
+    print(figures_table([library, run]))
+    print(f"all {run.generated} tokens equal the no-cache reference; your kernels served {run.kernel_calls} "
+          "decode-attention calls")
+    passed("10.3")
+
+
+__all__ = ["check_capstone", "check_capstone_allocator", "check_capstone_kernels"]
