@@ -9,12 +9,13 @@ samples from its prompt first), and hands every token to ``emit``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from ..bookkeeping import EngineAllocator
 from ..model import TinyTransformer, sample_token
+from ..model.batch import DecodeAttention
 from .requests import Request, Sample
 
 Decode = Tuple[Request, Sample]
@@ -35,14 +36,15 @@ class Chunk:
 
 
 def run_forward(model: TinyTransformer, allocator: EngineAllocator, decodes: List[Decode], chunks: List[Chunk],
-                emit: Emit) -> int:
-    """Run these decodes and prompt chunks in one forward, sample, ``emit`` each token; returns how many."""
+                emit: Emit, decode_attention: Optional[DecodeAttention] = None) -> int:
+    """Run these decodes and prompt chunks in one forward, sample, ``emit`` each token; returns how many.
+    ``decode_attention``, when given, serves the steps that are decodes only (see ``PagedBatch``)."""
     if not decodes and not chunks:
         return 0
     seq_ids = [s.seq_id for _, s in decodes] + [c.sample.seq_id for c in chunks]
     inputs = [s.output[-1:] for _, s in decodes] + [c.tokens for c in chunks]
     write = None if all(c.write for c in chunks) else [True] * len(decodes) + [c.write for c in chunks]
-    logits = model.forward_paged(allocator, seq_ids, inputs, write=write)
+    logits = model.forward_paged(allocator, seq_ids, inputs, write=write, decode_attention=decode_attention)
     greedy = logits.argmax(dim=-1).tolist()  # one transfer for every greedy row
     generated = 0
     for row, (request, sample) in enumerate(decodes):

@@ -18,8 +18,9 @@ import torch
 from .._validate import as_count, as_iterable
 from ..attention import check_supported
 from ..bookkeeping import EngineAllocator
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidTypeError
 from ..model import TinyTransformer, sample_generator
+from ..model.batch import DecodeAttention
 from .forward import Chunk, Decode, run_forward
 from .intake import Prepared, Prompt, check_options, check_parts, prepare, typed
 from .requests import Request, RequestOutput, Sample, Status, TokenEvent
@@ -47,6 +48,10 @@ class Engine:
             as vLLM v1 schedules), in one forward with the decodes. Tokens found in the prefix
             cache are not computed, so not counted. With no limit a step decodes first, then
             admits into the blocks finished requests freed and prefills those prompts whole.
+        decode_attention: ``None`` (the library's paged attention), or a callable with
+            :func:`~paged_kv_lib.attention.paged_attention`'s arguments and result that serves every
+            step made of decodes only (prompt chunks keep the library's extend attention): how the
+            course's capstone runs a learner's own kernel in the engine.
 
     Bad arguments raise a :class:`~paged_kv_lib.errors.PagedKVError` naming the value and the limit.
     """
@@ -60,6 +65,7 @@ class Engine:
         watermark: float = 0.01,
         preemption_mode: str = "recompute",
         max_num_batched_tokens: Optional[int] = None,
+        decode_attention: Optional[DecodeAttention] = None,
     ) -> None:
         check_parts(model, allocator)
         cfg = model.config
@@ -78,6 +84,10 @@ class Engine:
         if not isinstance(preemption_mode, str) or preemption_mode not in PREEMPTION_MODES:
             raise InvalidArgumentError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
         self._budget = _token_budget(max_num_batched_tokens)
+        if decode_attention is not None and not callable(decode_attention):
+            raise InvalidTypeError(f"decode_attention must be callable (q, k_cache, v_cache, block_tables, seq_lens), "
+                                   f"got {type(decode_attention).__name__}")
+        self.decode_attention = decode_attention
         self.model = model
         self.allocator = allocator
         self.scheduler = Scheduler(allocator, max_batch_size=max_batch_size, watermark=float(watermark),
@@ -244,7 +254,7 @@ class Engine:
 
     def _forward(self, decodes: List[Decode], chunks: List[Chunk]) -> int:
         self.scheduler.note_peak()
-        generated = run_forward(self.model, self.allocator, decodes, chunks, self._record_token)
+        generated = run_forward(self.model, self.allocator, decodes, chunks, self._record_token, self.decode_attention)
         self.scheduler.note_peak()
         return generated
 

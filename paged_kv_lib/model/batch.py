@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -14,6 +14,11 @@ from ..bookkeeping import PagedKVView
 from ..cache_ops import cache_rows, slots_from_positions
 
 
+DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""Decode attention with :func:`~paged_kv_lib.attention.paged_attention`'s arguments ``(q, k_cache, v_cache,
+block_tables, seq_lens)`` and result: what a caller may plug in for the library's kernel on decode steps."""
+
+
 @dataclass
 class PagedBatch:
     """Everything one paged forward needs about its batch, built once and shared by every layer.
@@ -22,7 +27,8 @@ class PagedBatch:
     is written: ``write_rows`` picks them, ``None`` meaning all; ``cache_rows`` are the
     slots' rows in a layer's cache, for every K/V head, computed once for every layer); ``block_tables`` and
     ``seq_lens`` are the attention's inputs; ``plan`` is the batched torch attention's
-    gather index, or ``None`` when the Triton backend serves the batch.
+    gather index, or ``None`` when the Triton backend serves the batch; ``decode_attention``, when set,
+    serves a decode batch instead of the library's attention (the capstone plugs a learner's kernel in).
     """
 
     decode: bool
@@ -36,6 +42,7 @@ class PagedBatch:
     last_rows: torch.Tensor
     max_query_len: int
     plan: Optional[BatchPlan]
+    decode_attention: Optional[DecodeAttention] = None
 
     @classmethod
     def build(
@@ -46,6 +53,7 @@ class PagedBatch:
         q_lens: List[int],
         write: List[bool],
         num_kv_heads: int,
+        decode_attention: Optional[DecodeAttention] = None,
     ) -> "PagedBatch":
         """The batch of ``seq_ids`` holding ``lens`` tokens, whose newest ``q_lens`` run this step.
 
@@ -75,16 +83,19 @@ class PagedBatch:
             write_rows = keep.nonzero().flatten()
             slots = slots[write_rows]
         plan = None
-        if resolve_backend("auto", device) == "torch":
+        if not (decode and decode_attention is not None) and resolve_backend("auto", device) == "torch":
             plan = plan_batch(block_tables, seq_lens, num_kv_heads, block_size, None if decode else query_start_loc)
         rows = cache_rows(slots, num_kv_heads, block_size)
         return cls(
             decode, positions, slots, rows, write_rows, block_tables, seq_lens.to(torch.int32),
             query_start_loc.to(torch.int32), query_start_loc[1:] - 1, max(q_lens), plan,
+            decode_attention if decode else None,
         )
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Paged attention of the batch's queries over one layer's cache."""
+        if self.decode_attention is not None:
+            return self.decode_attention(q, k_cache, v_cache, self.block_tables, self.seq_lens)
         if self.plan is not None:  # the torch backend, with the gather index built once
             return attend_batched(q, k_cache, v_cache, self.plan)
         if self.decode:

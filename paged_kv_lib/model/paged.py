@@ -10,7 +10,7 @@ from .._validate import as_iterable
 from ..bookkeeping import PagedKVView
 from ..cache_ops import write_rows, write_slots
 from ..errors import InvalidArgumentError, InvalidTypeError
-from .batch import PagedBatch
+from .batch import DecodeAttention, PagedBatch
 from .tokens import TokenIds, check_vocab
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ def forward_paged(
     chunks: Sequence[TokenIds],
     *,
     write: Optional[Sequence[bool]] = None,
+    decode_attention: Optional[DecodeAttention] = None,
 ) -> torch.Tensor:
     """Run the newest tokens of several sequences with a paged cache; logits of each chunk's last token.
 
@@ -67,8 +68,9 @@ def forward_paged(
     The whole batch is handled at once: one block-table tensor, one slot mapping, one
     K/V write and one attention call per layer, rotary and norms on the packed tokens.
     Attention is decode attention when every chunk is one token, else extend
-    attention. Returns ``[len(seq_ids), vocab]``. Bad input raises before anything is
-    written.
+    attention; ``decode_attention`` (:data:`~paged_kv_lib.model.batch.DecodeAttention`), when given,
+    computes decode attention instead of the library's kernel. Returns ``[len(seq_ids), vocab]``.
+    Bad input raises before anything is written.
     """
     check_allocator(model, allocator)
     seq_ids = list(as_iterable(seq_ids, "seq_ids"))
@@ -99,7 +101,7 @@ def forward_paged(
     flat = [t for ids in id_lists for t in ids]
     check_vocab(flat, model.config.vocab_size)  # on the list: no tensor reductions per step
     tokens = torch.tensor(flat, dtype=torch.int64, device=model.device)
-    batch = PagedBatch.build(allocator, seq_ids, lens, q_lens, write_list, model.config.num_kv_heads)
+    batch = PagedBatch.build(allocator, seq_ids, lens, q_lens, write_list, model.config.num_kv_heads, decode_attention)
     k_caches, v_caches = allocator.k_caches, allocator.v_caches
     contiguous = all(c.is_contiguous() for c in (*k_caches, *v_caches))
 

@@ -31,6 +31,7 @@ from .layers import DecoderLayer, RMSNorm, apply_rotary, rms_norm, rotary_tables
 from .tokens import TokenBatch, TokenIds, check_vocab
 
 if TYPE_CHECKING:
+    from .batch import DecodeAttention
     from .contiguous import ContiguousKVCache
 
 # Given (layer index, q, k, v) for the packed tokens, return the attention output.
@@ -187,16 +188,17 @@ class TinyTransformer(nn.Module):
         chunks: Sequence[TokenIds],
         *,
         write: Optional[Sequence[bool]] = None,
+        decode_attention: Optional["DecodeAttention"] = None,
     ) -> torch.Tensor:
         """Run the newest tokens of several sequences with a paged cache; logits of each chunk's last token.
 
         ``chunks[i]`` holds the *last* ``len(chunks[i])`` tokens of sequence ``seq_ids[i]``,
         which the allocator must already count. Their K/V goes to the slots the block tables
         map them to (unless ``write[i]`` is False: the prefix cache already holds it), then
-        each token attends causally to its sequence. Returns ``[len(seq_ids), vocab]``;
-        ``paged.forward_paged`` tells the details.
+        each token attends causally to its sequence (decode steps through ``decode_attention`` when
+        given). Returns ``[len(seq_ids), vocab]``; ``paged.forward_paged`` tells the details.
         """
-        return paged.forward_paged(self, allocator, seq_ids, chunks, write=write)
+        return paged.forward_paged(self, allocator, seq_ids, chunks, write=write, decode_attention=decode_attention)
 
     def check_allocator(self, allocator: PagedKVView) -> None:
         """Raise ``InvalidArgumentError`` unless the allocator's cache has this model's K/V shape."""

@@ -1,0 +1,175 @@
+"""Exercise 10's checks bite: the reference parts pass, a planted allocator or kernel fails with a message naming
+that part, planted glue fails with the mistake it makes, and the whole check stays under a minute on a CPU."""
+
+from __future__ import annotations
+
+import linecache
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+from check_helpers import fails, not_implemented
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from paged_kv_course import capstone  # noqa: E402
+from paged_kv_course.grading.checks_10 import (  # noqa: E402
+    check_capstone,
+    check_capstone_allocator,
+    check_capstone_kernels,
+)
+from paged_kv_course.grading.delegation import forbidden_modules  # noqa: E402
+from paged_kv_course.grading.notebook_tasks import cell_meta, read_notebook  # noqa: E402
+from paged_kv_course.triton_skeleton import paged_decode  # noqa: E402
+from paged_kv_lib.errors import DuplicateSequenceError, OutOfBlocksError, UnknownSequenceError  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANTED = Path(__file__).parent / "planted" / "10"
+# What the exercise's setup cell defines for its solution cells.
+SETUP = {"math": math, "torch": torch, "triton": triton, "tl": tl, "F": F, "paged_decode": paged_decode,
+         "OutOfBlocksError": OutOfBlocksError, "DuplicateSequenceError": DuplicateSequenceError,
+         "UnknownSequenceError": UnknownSequenceError}
+TASKS = {"10.1": (check_capstone_allocator, "my_allocator_class"), "10.2": (check_capstone_kernels, "my_decode_kernels"),
+         "10.3": (None, "make_decode_attention")}
+
+
+def defined(source: str, name: str):
+    """Run a cell's source as a notebook does, its text kept where ``inspect.getsource`` finds it (IPython does so)."""
+    filename = f"<cell {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace = dict(SETUP)
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The reference solution's three functions, from the solution notebook's cells."""
+    namespace = dict(SETUP)
+    for index, cell in enumerate(read_notebook(ROOT / "exercises" / "solutions" / "10_the_whole_engine.ipynb").cells):
+        if (cell_meta(cell) or {}).get("role") == "solution":
+            namespace.update(defined(cell.source, f"solution {index}"))
+    return namespace
+
+
+def fails_all(check, *args) -> str:
+    """The check rejects the learner's functions ``args`` with an AssertionError; returns its message."""
+    return fails(lambda _: check(*args), None)
+
+
+def planted(stem: str):
+    path = PLANTED / f"{stem}.py"
+    source = path.read_text(encoding="utf-8")
+    return source.splitlines()[0].removeprefix("# expect: "), defined(source, path.name)
+
+
+@pytest.mark.parametrize("check", [check_capstone_allocator, check_capstone_kernels])
+def test_an_untouched_task_raises_not_implemented(check):
+    with pytest.raises(NotImplementedError):
+        check(not_implemented)
+
+
+def test_untouched_glue_raises_not_implemented(reference):
+    with pytest.raises(NotImplementedError):
+        check_capstone(reference["my_allocator_class"], reference["my_decode_kernels"], not_implemented)
+
+
+def test_an_instance_instead_of_the_class_is_named(reference):
+    instance = reference["my_allocator_class"]()(8, 4)
+    assert "return the class itself" in fails(check_capstone_allocator, lambda: instance)
+
+
+def test_the_reference_allocator_passes_and_prints_the_figures(reference, capsys):
+    check_capstone_allocator(reference["my_allocator_class"])
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("PASSED 10.1")
+    assert "prefix-cache hits" in out and "preemptions" in out and "tokens/s" in out
+
+
+def test_a_planted_allocator_is_named_as_the_part_that_breaks():
+    expect, namespace = planted("10_1_fork_uncounted")
+    assert expect in fails(check_capstone_allocator, namespace["my_allocator_class"])
+
+
+def test_an_allocator_without_prefix_caching_is_refused(reference):
+    cls = reference["my_allocator_class"]()
+
+    class NoCache(cls):
+        def allocate_for_sequence(self, seq_id, num_prompt_tokens, token_ids=None):
+            return super().allocate_for_sequence(seq_id, num_prompt_tokens)
+
+    assert "prefix" in fails(check_capstone_allocator, lambda: NoCache)
+
+
+def test_every_task_has_a_planted_mistake():
+    assert {f"10.{p.stem.split('_')[1]}" for p in PLANTED.glob("10_*.py")} == set(TASKS)
+
+
+@pytest.mark.slow
+def test_the_reference_kernels_pass(reference, capsys):
+    check_capstone_kernels(reference["my_decode_kernels"])
+    assert capsys.readouterr().out.rstrip().endswith("PASSED 10.2")
+
+
+@pytest.mark.slow
+def test_a_planted_kernel_is_named_as_the_part_that_breaks():
+    expect, namespace = planted("10_2_no_acc_rescale")
+    assert expect in fails(check_capstone_kernels, namespace["my_decode_kernels"])
+
+
+@pytest.mark.slow
+def test_the_whole_capstone_passes_in_under_a_minute(reference, capsys):
+    start = time.perf_counter()
+    check_capstone(reference["my_allocator_class"], reference["my_decode_kernels"], reference["make_decode_attention"])
+    seconds = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("PASSED 10.3") and "all 60 tokens equal the no-cache reference" in out
+    assert seconds < 60, f"the capstone check took {seconds:.0f} s"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", ["10_3_padded_scale", "10_3_torch_attention"])
+def test_planted_glue_is_named(reference, stem):
+    expect, namespace = planted(stem)
+    message = fails_all(check_capstone, reference["my_allocator_class"], reference["my_decode_kernels"],
+                        namespace["make_decode_attention"])
+    assert expect in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part, stem", [("allocator", "10_1_fork_uncounted"), ("kernel", "10_2_no_acc_rescale")])
+def test_the_whole_run_names_the_broken_part(reference, part, stem):
+    expect, namespace = planted(stem)
+    allocator = namespace.get("my_allocator_class", reference["my_allocator_class"])
+    kernels = namespace.get("my_decode_kernels", reference["my_decode_kernels"])
+    message = fails_all(check_capstone, allocator, kernels, reference["make_decode_attention"])
+    assert f"the {part} is the part that breaks" in message
+
+
+def test_the_engine_counts_what_it_serves():
+    run = capstone.serve()
+    assert capstone.first_difference(run) is None
+    assert run.generated == sum(len(t) for t in capstone.reference_tokens()) == 60
+    assert run.prefix_hits > 0 and run.preemptions > 0  # the workload exercises both, or the check tests less
+
+
+def test_a_wrong_token_is_reported_where_it_is():
+    run = capstone.serve()
+    run.tokens[4][3] += 1
+    assert capstone.first_difference(run).startswith("sample 0 of the forked request, token 3")
+
+
+def test_the_library_that_answers_is_forbidden():
+    forbidden = forbidden_modules("10")
+    for name in ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.attention",
+                 "paged_kv_course.starters", "paged_kv_course.capstone"):
+        assert name in forbidden
