@@ -43,9 +43,9 @@ FORBIDDEN: tuple[str, ...] = (
 def _launch(kernel: Any, merge: Any, *args: Any) -> Any:
     """09.4's launch of the learner's kernels, asked for where they live (a plain call in a notebook)."""
     report = run_probe(triton_paged_decode, kernel, merge, *args)
-    out, _partials = unwrap(report, "paged_decode(paged_decode_kernel, merge_splits_kernel, ...) in the engine",
-                            "decode attention of the step's batch", "10.2")
-    return out
+    launched = unwrap(report, "paged_decode(paged_decode_kernel, merge_splits_kernel, ...) in the engine",
+                      "decode attention of the step's batch", "10.2")
+    return launched[0]  # the output; then the split buffers and the reads 09.4's check looks at
 
 
 def _attempt(parts: Parts) -> Tuple[Optional[Run], Optional[str]]:
