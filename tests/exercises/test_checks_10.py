@@ -173,3 +173,18 @@ def test_the_library_that_answers_is_forbidden():
     for name in ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.attention",
                  "paged_kv_course.starters", "paged_kv_course.capstone"):
         assert name in forbidden
+
+
+# The conformance check's planted allocators (the course's answer after 06 with one method wrong). Those whose bug
+# changes what the engine is served are named as the broken part; the other three break only contract details the
+# engine never exercises (a mapping handed out by reference, KeyError for an unknown id, state kept on the class),
+# which exercise 06's differential check catches.
+SERVING_BUGS = ["SeedGrowth", "NotAtomic", "RoundsUp", "ForkWithoutRefCounts", "FreeMethod"]
+
+
+@pytest.mark.parametrize("name", SERVING_BUGS)
+def test_the_conformance_checks_planted_allocators_are_named(name):
+    from tests.conformance import test_conformance_check as planted_classes
+
+    cls = getattr(planted_classes, name)
+    assert "the allocator is the part that breaks" in fails(check_capstone_allocator, lambda: cls)
