@@ -201,8 +201,8 @@ def _run_cell(index: int, cell: Dict[str, Any], session: Session, known: Dict[st
     if "nbval-skip" in tags:
         entry["outcome"] = "skipped"
         return entry
-    if session.dead:
-        entry.update(outcome="failed", line=session.dead)
+    if session.dead or session.left() <= 0:
+        entry.update(outcome="failed", line=session.dead or "not run: the submission's time ran out")
         return entry
     if cell.get("role") == "check":
         try:

@@ -144,6 +144,7 @@ REPLY_SCHEMA: Dict[str, Any] = {
 
 def check_reply(document: Any) -> None:
     """Validate a kernel message against :data:`REPLY_SCHEMA` (jsonschema); :class:`WireError` if not."""
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # an IRI parser built at import (1.3 s)
     import jsonschema
 
     validator = _VALIDATOR.get("v")
