@@ -10,6 +10,7 @@ row. The attacks on the grader are in ``test_grader_attacks.py``.
 
 from __future__ import annotations
 
+import os
 import csv
 import time
 from pathlib import Path
@@ -66,7 +67,7 @@ NOT_IMPLEMENTED = "NotImplementedError: Task {task}: replace this line with your
 def _demo_checks_importable(monkeypatch):
     """The demo exercise imports ``demo_checks``; its kernels inherit this environment."""
     monkeypatch.syspath_prepend(str(FIXTURES))
-    monkeypatch.setenv("PYTHONPATH", str(FIXTURES))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
 
 
 def submission(sources: Dict[str, str], edit_checks: Dict[str, str] = None, drop_checks=(),

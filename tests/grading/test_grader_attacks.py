@@ -235,7 +235,7 @@ def course(tmp_path, monkeypatch):
     (root / "checks").mkdir()
     shutil.copy(FIXTURES / "demo_checks.py", root / "checks")
     monkeypatch.syspath_prepend(str(root / "checks"))
-    monkeypatch.setenv("PYTHONPATH", str(root / "checks"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root / "checks"), os.environ.get("PYTHONPATH", "")]))
     return root
 
 
