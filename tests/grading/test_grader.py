@@ -378,8 +378,8 @@ def _expected_rows() -> Dict[str, list]:
         "dan": rows("dan", [(False, invalid)] * 3),
         "eve": rows("eve", [  # one time limit for the whole submission: the endless loop uses it up
             (False, "timed out"),
-            (False, "not run"),
-            (False, "not run"),
+            (False, "solution cell: not run: the submission's time ran out"),
+            (False, "solution cell: not run: the submission's time ran out"),
         ]),
     }
 
