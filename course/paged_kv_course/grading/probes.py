@@ -31,6 +31,13 @@ def _key(value: Any) -> Any:
     return object.__getattribute__(value, "_key") if _remote(value) else id(value)
 
 
+def _caller_of(value: Any) -> Any:
+    try:
+        return object.__getattribute__(value, "_caller")
+    except AttributeError:
+        return None
+
+
 def returned_value_is_held(obj: Any, method: str, args: Sequence[Any] = ()) -> bool:
     """Whether ``obj.method(*args)`` hands out a mutable list that ``obj`` itself still holds: a marker
     appended to the first answer shows up in the second (it is removed again either way)."""
@@ -84,8 +91,11 @@ def _triton_report(launcher: str, function: Any, *args: Any) -> Any:
     function the solution cells do not define under ``@triton.jit`` earns nothing, whatever the
     launch returns."""
     if _remote(function):
-        caller = object.__getattribute__(function, "_caller")
-        name = getattr(caller, "names", {}).get(object.__getattribute__(function, "_key"), "")
+        caller = _caller_of(function)
+        if caller is None:  # a stand-in with no judge behind it: nothing can launch it from here
+            return ("raised", "RuntimeError", "the grader cannot launch a Triton kernel from outside the learner's "
+                                              "kernel: only the judge can ask the kernel to launch it")
+        name = getattr(caller, "names", {}).get(_key(function), "")
         if name not in JIT_NAMES:
             return ("raised", "TypeError", f"{name or 'the function'} is not defined with @triton.jit in your "
                                            "solution cell: this task grades a Triton kernel")
@@ -113,8 +123,8 @@ def triton_fold_tiles(fold_tile: Any, *args: Any) -> Any:
 
 def triton_paged_decode(kernel: Any, merge: Any, *args: Any) -> Any:
     """Exercise 09.4: launch the learner's decode and merge kernels; ``("ok", (out, (max, sum, acc)))``."""
-    if _remote(kernel) and _remote(merge):
-        caller = object.__getattribute__(merge, "_caller")
-        if getattr(caller, "names", {}).get(object.__getattribute__(merge, "_key"), "") not in JIT_NAMES:
+    caller = _caller_of(merge) if _remote(merge) else None
+    if caller is not None:
+        if getattr(caller, "names", {}).get(_key(merge), "") not in JIT_NAMES:
             return ("raised", "TypeError", "the merge kernel is not defined with @triton.jit in your solution cell")
     return _triton_report("paged_decode_with_partials", kernel, merge, *args)

@@ -217,10 +217,16 @@ class _Server:
         while True:
             message, blobs = wire.receive(self.read_fd)
             if message.get("op") == "answer":
-                if "raised" in message:
+                if "raised" in message:  # the judge's error, by name: a builtin or a library error
                     name, text = message["raised"]
                     cls = getattr(__import__("builtins"), name, None)
-                    raise (cls if isinstance(cls, type) and issubclass(cls, Exception) else RuntimeError)(text)
+                    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                        cls = getattr(importlib.import_module("paged_kv_lib.errors"), name, None)
+                    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                        cls = RuntimeError
+                    error = cls.__new__(cls)
+                    error.args = (text,)
+                    raise error
                 return self.decode(message["ok"], blobs)
             inner = self.encoder()
             self.send(self.answer(message, blobs, inner), inner)
