@@ -194,3 +194,19 @@ def test_a_failed_hidden_case_never_echoes_the_learners_text_or_its_values(tmp_p
     assert failed[0].failure == result.failure and result.detail == ""
     text = format_report(report, detail_lines=None)
     assert "LEAK" not in text and "2 ** " not in text and str(2 ** 60) not in text, text
+
+
+def test_a_timeout_in_a_hidden_case_says_so_and_a_syntax_error_is_named_not_hinted(tmp_path):
+    """Issue 32: a timeout or a syntax error was reported with the hidden case's hint."""
+    cases = hidden.read_cases(write_cases(tmp_path, "91.py", CASES))
+    nb = _two_task_notebook()
+    cells, roles = grader.prepare_for_run(nb, cases)
+    results = {n: {"outcome": "passed", "line": "", "detail": ""} for n in range(len(cells))}
+    late = "timed out: the submission ran past its limit of 5 s (in this check)"
+    results[2] = {"outcome": "failed", "line": late, "detail": ""}
+    task = grader.score(roles, find_tasks(nb), results, cells)[0]
+    assert task.failure == f"hidden case 1 of task 91.1: {late}"
+    results[2] = {"outcome": "passed", "line": "", "detail": ""}
+    results[0] = {"outcome": "failed", "line": "a syntax error: SyntaxError: invalid syntax (line 1)", "detail": ""}
+    task = grader.score(roles, find_tasks(nb), results, cells)[0]
+    assert task.failure.startswith("solution cell: a syntax error") and task.earned == 0

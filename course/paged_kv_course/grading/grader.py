@@ -183,7 +183,7 @@ def _check_results(spec: Task, numbers: List[int], cells: List[dict], results: D
         entry = results.get(number) or {"outcome": "failed", "line": "not run (no result for this cell)"}
         ok = entry.get("outcome") == "passed"
         if cell.get("hidden"):
-            failure = "" if ok else hidden_cases.failure_line(spec.task, int(cell["hidden"]), str(cell.get("hint", "")))
+            failure = "" if ok else _hidden_line(spec.task, cell, entry)
             out.append(CheckResult(f"hidden case {cell['hidden']}", float(cell.get("points", 0)), ok, failure,
                                    int(cell["hidden"])))
             continue
@@ -192,6 +192,18 @@ def _check_results(spec: Task, numbers: List[int], cells: List[dict], results: D
                                "" if ok else str(entry.get("line") or entry.get("outcome", "failed"))))
         visible += 1
     return out
+
+
+_OWN_LINES = ("timed out: the submission", "not run: ")  # the grader's words, never the learner's
+
+
+def _hidden_line(task: str, cell: dict, entry: dict) -> str:
+    """A failed hidden case's line: its hint, or that time ran out (which no hint should hide); never the
+    learner's text or the case's values."""
+    line = str(entry.get("line", ""))
+    if line.startswith(_OWN_LINES):
+        return f"hidden case {cell['hidden']} of task {task}: {line}"
+    return hidden_cases.failure_line(task, int(cell["hidden"]), str(cell.get("hint", "")))
 
 
 def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Dict[int, dict],
@@ -217,7 +229,7 @@ def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Di
             line = entry.get("line") or entry["outcome"]
             hidden = cells[number].get("hidden") if number < len(cells) else None
             if hidden:
-                line = hidden_cases.failure_line(task, int(hidden), str(cells[number].get("hint", "")))
+                line = _hidden_line(task, cells[number], entry)
             detail = "" if hidden else entry.get("detail", "")
             failures[task] = (f"{line}" if role != ROLE_SOLUTION else f"solution cell: {line}", detail)
     out = []
