@@ -187,6 +187,8 @@ def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
         for index, cell in enumerate(cells):
             tell({"cell": index})
             entry = _run_cell(index, cell, session, known, timeout)
+            # learner text reaches reports, gradebooks and Gradescope from here: no control characters
+            entry["line"], entry["detail"] = wire.escape(entry["line"]), wire.escape(entry["detail"], limit=20000)
             results.append(entry)
             tell({"result": entry})
     finally:
