@@ -470,3 +470,14 @@ def test_no_sandbox_no_grade_unless_asked_for_by_name(monkeypatch):
         with pytest.raises(sandbox.SandboxUnavailableError, match="--sandbox none"):
             sandbox.resolve_mode(mode)
     assert sandbox.resolve_mode("none") == "none"
+
+
+def test_nothing_on_either_side_of_the_boundary_reads_or_writes_a_pickle():
+    """Issue 32: pickles went into the kernel, and classes were rebuilt from its replies. Now both sides
+    speak the wire's JSON; none of the boundary's modules imports pickle."""
+    from pathlib import Path
+
+    folder = Path(judge.__file__).parent
+    for name in ("wire.py", "runner.py", "remote.py", "judge.py", "judge_process.py", "probes.py"):
+        text = (folder / name).read_text(encoding="utf-8")
+        assert "import pickle" not in text and "pickle.loads" not in text, name
