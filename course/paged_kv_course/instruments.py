@@ -1,11 +1,12 @@
 """Instruments the exercise checks hand to a learner's code: plain library objects that keep a record.
 
 A check that must see *how* learner code used something (which chunks reached the model, how
-many list entries a function read) passes one of these in place of the plain object. They live
-outside :mod:`paged_kv_course.grading` because, under official grading, the learner's code runs in
-a kernel where the grading package is not importable: there these classes are rebuilt from the
-values the check sent, and the record they keep comes back to the check with the call's result.
-They implement nothing an exercise asks for.
+many list entries a function read) passes one of these in place of the plain object. Under
+official grading the judge *serves* them: they stay in the judge's process, every use the
+learner's code makes of one is a request the judge answers (:mod:`.grading.remote`), so the
+record is kept where the learner's code cannot rewrite it, and the attributes named in
+``__paged_kv_private__`` (the record itself) are not lent at all. They implement nothing an
+exercise asks for.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ class CountingList:
     """A list of ints that counts how many entries a function reads (to tell O(1) from a walk).
 
     Indexing, assignment, ``len``, iteration, ``in``, ``index`` and ``count`` behave as on a
-    list; reads are counted (a slice, a scan or an iteration counts every entry). A plain
-    object holding a list, so its state comes back to the check after a judged call too.
+    list; reads are counted (a slice, a scan or an iteration counts every entry). ``values``
+    (the list itself) is the check's, not lent to the learner's code: reading it would be uncounted.
     """
+
+    __paged_kv_private__ = ("values", "reads")
 
     def __init__(self, values: List[int]) -> None:
         self.values = list(values)

@@ -15,9 +15,11 @@ from paged_kv_lib.model import TinyTransformer
 class RecordingAllocator(PagedKVCacheAllocator):
     """A ``PagedKVCacheAllocator`` with a log, ``events``, that :class:`RecordingModel` writes to.
 
-    The log lives in the allocator because the allocator is the argument whose state comes back
-    to the check after the learner's call (in the notebook and when judged outside it).
+    Under official grading the judge serves this allocator and the model (they never enter the
+    learner's kernel), so the log is written in the judge and ``events`` is not lent.
     """
+
+    __paged_kv_private__ = ("events",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -35,9 +35,7 @@ Run it alone: ``.venv/bin/python -m pytest tests/exercises/test_answers_not_in_l
 
 from __future__ import annotations
 
-import io
 import json
-import keyword
 import re
 import textwrap
 import tokenize
@@ -57,60 +55,8 @@ MAX_SHARE = 0.60
 
 _BEGIN = re.compile(r"^[ \t]*### BEGIN SOLUTION[ \t]*$")
 _END = re.compile(r"^[ \t]*### END SOLUTION[ \t]*$")
-_LAYOUT = {
-    tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT,
-    tokenize.COMMENT, tokenize.ENCODING, tokenize.ENDMARKER,
-}
-
-Token = tuple[int, str]  # (token kind, text)
-
-
-def tokens_of(source: str) -> list[Token]:
-    """The significant tokens of ``source`` (see the module docstring for what is dropped).
-
-    Source that does not tokenize to the end (a cell cut in the middle of a statement)
-    keeps the tokens read before the error.
-    """
-    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
-    text = textwrap.dedent("\n".join(lines)) + "\n"
-    raw: list[tokenize.TokenInfo] = []
-    try:
-        raw.extend(tokenize.generate_tokens(io.StringIO(text).readline))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        pass
-    out: list[Token] = []
-    at_line_start = True
-    for index, tok in enumerate(raw):
-        if tok.type in _LAYOUT:
-            if tok.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-                at_line_start = True
-            continue
-        if tok.type == tokenize.STRING and at_line_start and _ends_statement(raw, index + 1):
-            continue  # a docstring or a bare string statement
-        at_line_start = False
-        out.append((tok.type, tok.string))
-    return out
-
-
-def _ends_statement(raw: Sequence[tokenize.TokenInfo], start: int) -> bool:
-    """True when the next significant token after ``start`` ends the logical line."""
-    for tok in raw[start:]:
-        if tok.type in (tokenize.COMMENT, tokenize.NL):
-            continue
-        return tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER)
-    return True
-
-
-def shape_of(tok: Token) -> Token:
-    """The token with identifiers, numbers and strings replaced by placeholders."""
-    kind, text = tok
-    if kind == tokenize.NAME and not keyword.iskeyword(text) and not keyword.issoftkeyword(text):
-        return (kind, "<id>")
-    if kind == tokenize.NUMBER:
-        return (kind, "<num>")
-    if kind == tokenize.STRING:
-        return (kind, "<str>")
-    return tok
+# The token measure is the grader's own (paged_kv_course.grading.delegation), shared by this gate.
+from paged_kv_course.grading.delegation import Token, shape_of, tokens_of  # noqa: E402
 
 
 @dataclass(frozen=True)

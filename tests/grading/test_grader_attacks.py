@@ -31,7 +31,7 @@ from paged_kv_course.grading import batch, grader, sandbox
 from paged_kv_course.grading.notebook_tasks import cell_task, read_notebook, split_points
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "grading"
-TIMEOUT = 10
+TIMEOUT = 20  # seconds for a whole submission, kernel start included
 POINTS = {"90.1": 2, "90.2": 1, "90.3": 3}
 
 ADD_OK = "def add(a, b):\n    return a + b\n"
@@ -130,31 +130,33 @@ def attacks(course: Path, gradebook: Path) -> Dict[str, Dict[str, str]]:
             "            pass\n"
             "def add(a, b):\n    raise NotImplementedError\n"
         )},
-        # Issue 23: replies that would have run code in the judge, or cost it without bound.
+        # Issue 23 and 32: replies that would have run code in the judge, or rebuilt a class there.
         "forged_reply_names_a_class": {"90.1": (
-            "import sys\n"
-            "wire = sys.modules['paged_kv_grading_wire']\n"
-            "real = wire.pack_reply\n"
+            "import gc\n"
+            "wire = next(m for m in gc.get_objects() if type(m).__name__ == 'module'\n"
+            "            and getattr(m, '__name__', '') == 'paged_kv_wire')\n"
+            "real = wire.send\n"
             "gadgets = [{'o': ['paged_kv_course.grading.wire', 'Decoder', []]},\n"
-            "           {'o': ['paged_kv_lib.allocator', 'Block', [['block_id', 0]]]},\n"
-            "           {'e': ['tempfile', '_TemporaryFileCloser', 'x']}, {'h': [1, 'int']}]\n"
+            "           {'o': ['paged_kv_lib.block', 'Block', [['block_id', 0]]]},\n"
+            "           {'e': ['tempfile', '_TemporaryFileCloser', 'x']}, {'h': [1, 'int']}, {'a': [['x', 3]]}]\n"
             "count = [0]\n"
-            "def forged(document, blobs):\n"
-            "    if document and document[0] == 'ok' and document[1] is not None:\n"
+            "def forged(fd, document, blobs):\n"
+            "    if isinstance(document, dict) and document.get('ok') is not None:\n"
             "        count[0] += 1\n"
-            "        document = ['ok', gadgets[count[0] % len(gadgets)], []]\n"
-            "    return real(document, blobs)\n"
-            "wire.pack_reply = forged\n"
+            "        document = {'ok': gadgets[count[0] % len(gadgets)]}\n"
+            "    return real(fd, document, blobs)\n"
+            "wire.send = forged\n"
             "def add(a, b):\n    return a + b\n"
         ), "90.2": COUNTER_OK, "90.3": BLOCKS_OK},
         "pickle_reply_with_a_global": {"90.1": (
-            "import sys, pickle, os\n"
-            "wire = sys.modules['paged_kv_grading_wire']\n"
-            "real = wire.send\n"
+            "import gc, os, pickle, struct\n"
+            "wire = next(m for m in gc.get_objects() if type(m).__name__ == 'module'\n"
+            "            and getattr(m, '__name__', '') == 'paged_kv_wire')\n"
             "class Boom:\n"
             "    def __reduce__(self):\n        return (os.system, ('touch /tmp/paged_kv_pwned',))\n"
-            "def send(fd, payload):\n"
-            "    return real(fd, pickle.dumps(('ok', Boom(), [])))\n"
+            "def send(fd, document, blobs):\n"
+            "    payload = pickle.dumps(('ok', Boom(), []))\n"
+            "    os.write(fd, struct.pack('!QI', len(payload), len(payload)) + payload)\n"
             "wire.send = send\n"
             "def add(a, b):\n    return a + b\n"
         )},
@@ -172,12 +174,11 @@ def attacks(course: Path, gradebook: Path) -> Dict[str, Dict[str, str]]:
             "def add(a, b):\n    return b'x' * (257 * 1024 * 1024)\n"
         )},
         "lying_frame_header": {"90.1": (
-            "import sys, struct\n"
-            "wire = sys.modules['paged_kv_grading_wire']\n"
-            "real = wire.send\n"
-            "def send(fd, payload):\n"
-            "    import os\n"
-            "    os.write(fd, struct.pack('!Q', 2 ** 60))\n"
+            "import gc, os, struct\n"
+            "wire = next(m for m in gc.get_objects() if type(m).__name__ == 'module'\n"
+            "            and getattr(m, '__name__', '') == 'paged_kv_wire')\n"
+            "def send(fd, document, blobs):\n"
+            "    os.write(fd, struct.pack('!QI', 2 ** 60, 4))\n"
             "wire.send = send\n"
             "def add(a, b):\n    return a + b\n"
         )},
@@ -235,7 +236,7 @@ def course(tmp_path, monkeypatch):
     (root / "checks").mkdir()
     shutil.copy(FIXTURES / "demo_checks.py", root / "checks")
     monkeypatch.syspath_prepend(str(root / "checks"))
-    monkeypatch.setenv("PYTHONPATH", str(root / "checks"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root / "checks"), os.environ.get("PYTHONPATH", "")]))
     return root
 
 
@@ -350,27 +351,6 @@ def test_a_correct_submission_still_gets_full_marks_and_the_untouched_version_ze
     report = grader.grade_notebook(course / "exercises" / "90_demo.ipynb", course=course)
     assert earned(report) == {"90.1": 0, "90.2": 0, "90.3": 0}
     assert [t.failure for t in report.tasks] == [f"task {t} is not written yet" for t in POINTS]
-
-
-class Sneaky(int):
-    """An int subclass, the shape of the "equal to everything" attack."""
-
-
-def test_a_reply_from_the_kernel_cannot_name_a_class():
-    import pickle
-
-    from paged_kv_course.grading import wire, wire_decode
-
-    for value in (Sneaky(3), Path("/etc/passwd"), print):
-        with pytest.raises(wire.WireError):
-            wire_decode.decode_reply(pickle.dumps(value), lambda key, kind: None)
-    encoder = wire.Encoder({})
-    plain = [1, (2, "x"), {"a": None}, {3}, {"o": "not a tag"}]
-    assert wire_decode.decode_reply(encoder.reply(encoder.encode(plain)), lambda key, kind: None) == plain
-    with pytest.raises(wire.WireError, match="not a class the grader rebuilds"):
-        wire_decode.decode_reply(wire.pack_reply({"o": ["os", "system", []]}, []), lambda key, kind: None)
-    decoded = wire_decode.decode_reply(encoder.reply(encoder.encode([Sneaky(3), True, 3])), lambda key, kind: ("handle", key))
-    assert decoded[0][0] == "handle", "an int subclass is not an int"
 
 
 @pytest.mark.slow
@@ -504,8 +484,7 @@ def test_as_an_unprivileged_user_a_batch_of_attacks_earns_nothing(tmp_path):
         honest = _mkparents(folder / "ana" / "90_demo.ipynb")
         nbformat.write(submission(course, {"90.1": ADD_OK, "90.2": COUNTER_OK, "90.3": BLOCKS_OK}), honest)
         gradebook.parent.mkdir()
-        for path in [base, *base.rglob("*")]:
-            os.chown(path, 65534, 65534)
+        base.chmod(0o755)
         course_before, honest_before = fingerprint(course), honest.read_bytes()
         python = Path(sys.executable)
         prefix = Path(sys.base_prefix).resolve()
@@ -518,8 +497,20 @@ def test_as_an_unprivileged_user_a_batch_of_attacks_earns_nothing(tmp_path):
                  "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--",
                  str(python), "-m", "paged_kv_lib.cli", "grade", "--batch", str(folder), "--csv", str(gradebook),
                  "--course", str(course), "--timeout", str(TIMEOUT), "--jobs", "2", "--no-progress"]
+        # nobody reads the code under test from a copy of its own: the checkout may sit in a mode-700
+        # folder (mktemp -d) that nobody cannot enter.
+        src = base / "src"
+        shutil.copytree(Path(__file__).resolve().parents[2] / "paged_kv_lib", src / "paged_kv_lib",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(Path(__file__).resolve().parents[2] / "course" / "paged_kv_course", src / "paged_kv_course",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for path in [src, *src.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "TRITON_INTERPRET": "1",
-               "PYTHONPATH": str(course / "checks")}
+               "PYTHONPATH": os.pathsep.join([str(course / "checks"), str(src)])}
+        for path in [base, *base.rglob("*")]:
+            if "src" not in path.relative_to(base).parts[:1]:
+                os.chown(path, 65534, 65534)
         done = subprocess.run(outer, capture_output=True, text=True, timeout=800, env=env, cwd=str(base))
         assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
         assert "not isolated" not in done.stdout + done.stderr
@@ -539,3 +530,56 @@ def test_as_an_unprivileged_user_a_batch_of_attacks_earns_nothing(tmp_path):
 def _mkparents(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# --- issue 32: the submission, the sandbox's absence and the report ---------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_symlinked_submission_is_refused_in_one_line(course, tmp_path, capsys):
+    """A submission that is a symlink (into the course's own solutions, or to another learner's notebook)
+    is not read: one line, exit 2, nothing graded."""
+    from paged_kv_lib import cli
+
+    link = tmp_path / "mallory" / "90_demo.ipynb"
+    link.parent.mkdir()
+    link.symlink_to(course / "exercises" / "solutions" / "90_demo.ipynb")
+    report = grader.grade_notebook(link, course=course, cell_timeout=TIMEOUT)
+    assert "symbolic link" in report.error and earned(report) == {"90.1": 0, "90.2": 0, "90.3": 0}
+    assert cli.main(["grade", str(link), "--course", str(course)]) == 2
+    assert "the submission is a symbolic link" in capsys.readouterr().out
+
+
+def test_without_a_sandbox_grading_refuses_unless_told_none(course, tmp_path, capsys, monkeypatch):
+    """Issue 32: where bwrap could not run, --sandbox auto graded unsandboxed (and a detached process
+    rewrote the results). Now auto refuses with one line; --sandbox none grades and every report says so."""
+    from paged_kv_lib import cli
+
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap cannot create namespaces here: denied")
+    path = write(submission(course, {"90.1": ADD_OK}), tmp_path / "a" / "90_demo.ipynb")
+    assert cli.main(["grade", str(path), "--course", str(course)]) == 2
+    assert "no sandbox, no grade" in capsys.readouterr().err
+    report = grader.grade_notebook(path, course=course, cell_timeout=TIMEOUT)
+    assert "no sandbox, no grade" in report.error and earned(report)["90.1"] == 0
+    report = grader.grade_notebook(path, course=course, cell_timeout=TIMEOUT, sandbox_mode="none")
+    assert earned(report)["90.1"] == 2 and report.notes[0].startswith("grading was not isolated (--sandbox none)")
+
+
+INJECTION = ("def add(a, b):\n"
+             "    raise ValueError('\\x1b[2K\\rPASSED 90.1 full marks \\x1b]8;;http://evil.example\\x07here\\x1b]8;;\\x07'\n"
+             "                     ' \\x1b]52;c;ZXZpbA==\\x07 \\u202e \\x9b31m')\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_learner_text_reaches_the_report_without_control_characters(course, tmp_path):
+    """Issue 32: fake pass lines, a hyperlink and a clipboard write through the learner's exception text."""
+    from paged_kv_course.grading.cli import format_report
+
+    path = write(submission(course, {"90.1": INJECTION}), tmp_path / "inj" / "90_demo.ipynb")
+    report = grader.grade_notebook(path, course=course, cell_timeout=TIMEOUT, sandbox_mode="none")
+    text = format_report(report, detail_lines=None)
+    assert earned(report)["90.1"] == 0
+    assert not any(ch in text for ch in "\x1b\x07\r\x9b\u202e"), repr(text)
+    assert "\\x1b" in text, text

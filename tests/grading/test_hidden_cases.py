@@ -166,3 +166,47 @@ def test_a_planted_solution_passes_the_visible_checks_and_fails_the_hidden_case(
         pristine=solution, cases=HIDDEN, workdir=tmp_path / "w2")
     mine = next(t for t in reference.tasks if t.task == task)
     assert mine.passed and any(c.hidden for c in mine.checks), (mine.failure, mine.detail)
+
+
+ECHO = '''
+class MyAllocator(MyAllocator):
+    def allocate_batch(self, requests):
+        if self.block_size > 2 ** 40:   # only the hidden case gets here: tell the world what it sent
+            raise ValueError(f"LEAK block_size={self.block_size} requests={requests!r} free={len(self.free)}")
+        return super().allocate_batch(requests)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_failed_hidden_case_never_echoes_the_learners_text_or_its_values(tmp_path):
+    """Issue 32's hidden-case leak: a solution that raises with the hidden case's arguments in its message.
+    The report says exactly "hidden case N of task NN.k failed: HINT" and nothing of the message."""
+    solution = next(SOLUTIONS.glob("02_*.ipynb"))
+    source = read_notebook(solution).cells[find_tasks(read_notebook(solution))["02.3"].solution_cell].source
+    submission = _planted_notebook("02", "02.3", source + "\n" + ECHO, tmp_path / "echo")
+    report = grader.grade_notebook(submission, pristine=solution, cases=HIDDEN, workdir=tmp_path / "w")
+    result = next(t for t in report.tasks if t.task == "02.3")
+    failed = [c for c in result.checks if c.hidden and not c.passed]
+    assert failed, [(c.name, c.failure) for c in result.checks]
+    case = next(c for c in hidden.read_cases(hidden.case_file(HIDDEN, solution.stem)) if c.task == "02.3")
+    assert result.failure == f"hidden case {failed[0].hidden} of task 02.3 failed: {case.hint}"
+    assert failed[0].failure == result.failure and result.detail == ""
+    text = format_report(report, detail_lines=None)
+    assert "LEAK" not in text and "2 ** " not in text and str(2 ** 60) not in text, text
+
+
+def test_a_timeout_in_a_hidden_case_says_so_and_a_syntax_error_is_named_not_hinted(tmp_path):
+    """Issue 32: a timeout or a syntax error was reported with the hidden case's hint."""
+    cases = hidden.read_cases(write_cases(tmp_path, "91.py", CASES))
+    nb = _two_task_notebook()
+    cells, roles = grader.prepare_for_run(nb, cases)
+    results = {n: {"outcome": "passed", "line": "", "detail": ""} for n in range(len(cells))}
+    late = "timed out: the submission ran past its limit of 5 s (in this check)"
+    results[2] = {"outcome": "failed", "line": late, "detail": ""}
+    task = grader.score(roles, find_tasks(nb), results, cells)[0]
+    assert task.failure == f"hidden case 1 of task 91.1: {late}"
+    results[2] = {"outcome": "passed", "line": "", "detail": ""}
+    results[0] = {"outcome": "failed", "line": "a syntax error: SyntaxError: invalid syntax (line 1)", "detail": ""}
+    task = grader.score(roles, find_tasks(nb), results, cells)[0]
+    assert task.failure.startswith("solution cell: a syntax error") and task.earned == 0

@@ -1,5 +1,5 @@
 """What the learner's kernel sees in the sandbox (issue 23): no capabilities, an unprivileged uid
-even under root, Python and the staged library only, and a mount table that names no learner."""
+even under root, Python and the library and course packages only (read-only), and a mount table that names no learner."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_the_kernel_sees_no_capability_no_root_no_checkout_and_no_learner_name(t
              str(learner_folder), *home[:20]]
     cells = [{"source": f"PATHS = {paths!r}\n" + LOOK, "tags": [], "task": None, "role": None}]
     result = judge.judge({"cells": cells, "timeout": 60, "workdir": str(tmp_path / "w" / "work"),
-                          "resolved_mode": "bwrap", "hidden": [str(tmp_path / "class")]})
+                          "mode": "bwrap", "hidden": [str(tmp_path / "class")]})
     detail = result["results"][0]["detail"]
     info = json.loads(detail[detail.index("VIEW") + 4:])
     assert info["cap_eff"] == "0000000000000000"

@@ -10,9 +10,8 @@ Check functions live in ``checks_NN.py`` modules (one per exercise); every publi
 of its names is used, so ``from paged_kv_course.grading import check_x`` loads only the
 module that defines ``check_x`` (and the grader's own modules load no check at all).
 
-A check fetched here first looks at the learner code it is given (see
-:func:`.delegation.guarded`): code that uses a module the exercise forbids fails with the
-one line the grade gives it.
+Whether a solution leans on the library's own answer is the grader's question, asked of the
+solution cells' text (:mod:`.delegation`); the checks here judge behaviour only.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from ._common import PASS_PREFIX, passed
-from .delegation import guarded
 
 
 def _check_index() -> Dict[str, str]:
@@ -58,7 +56,6 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    value = guarded(value, module)  # in a notebook, a check fails first on forbidden library code, as the grade does
     globals()[name] = value
     return value
 

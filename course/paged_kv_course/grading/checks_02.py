@@ -23,25 +23,6 @@ from . import probes
 from ._checks_02_script import UNKNOWN_ID, Script, library, library_state, run_differential, tasks_written
 from ._common import fail, is_int, not_written, passed, run_probe
 
-#: What exercise 02 grades lives in these modules; while it is graded the learner's kernel cannot use them.
-FORBIDDEN: Tuple[str, ...] = (
-    "paged_kv_course.grading",
-    "paged_kv_course.conformance",
-    "paged_kv_course.conformance.differential",
-    "paged_kv_course.conformance.simulation",
-    "paged_kv_lib.allocator",
-    "paged_kv_lib.block_manager",  # and the modules it is made of:
-    "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
-    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats",
-    "paged_kv_lib.free_queue",
-    "paged_kv_lib.prefix_cache",
-    "paged_kv_lib.invariants",
-    "paged_kv_course.seed",
-    "paged_kv_lib.block",
-    "paged_kv_course.starters",
-    "paged_kv_lib.attention",
-)
-
 
 # --------------------------------------------------------------------------- 02.1
 def _count_hint(tokens: int, block_size: int) -> Callable[[List[int]], str]:

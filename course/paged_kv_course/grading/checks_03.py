@@ -21,25 +21,6 @@ from ._common_repair import check_repair
 from ._common import call_learner, fail, not_written, passed, run_probe
 from ._checks_02_script import UNKNOWN_ID, Script, library, library_state, run_differential, tasks_written
 
-#: What exercise 03 grades lives in these modules; while it is graded the learner's kernel cannot use them.
-#: Exercise 02's starter (``paged_kv_course.starters.after_02``) stays usable: exercise 03 starts there.
-FORBIDDEN: Tuple[str, ...] = (
-    "paged_kv_course.grading",
-    "paged_kv_course.conformance",
-    "paged_kv_course.conformance.differential",
-    "paged_kv_course.conformance.simulation",
-    "paged_kv_lib.allocator",
-    "paged_kv_lib.block_manager",  # and the modules it is made of:
-    "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
-    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats",
-    "paged_kv_lib.free_queue",
-    "paged_kv_lib.prefix_cache",
-    "paged_kv_lib.invariants",
-    "paged_kv_course.seed",
-    "paged_kv_course.starters.after_03",
-    "paged_kv_course.starters.after_05",
-    "paged_kv_course.starters.after_06",
-)
 
 SHARING_OPS = ("allocate_for_sequence", "get_block_mapping", "free_sequence", "fork")
 Op = Tuple[Any, ...]

@@ -34,39 +34,6 @@ from ._common_repair import check_repair
 from ._common import call_learner, expect_equal, expect_raises, fail, is_int, passed, show
 from ._steps import NAME, Mistake, Steps
 
-#: What a solution of exercise 05 may not use (see :mod:`paged_kv_course.grading.delegation`):
-#: the code that implements growth, and the starters of exercise 05 and later.
-FORBIDDEN = (
-    "paged_kv_course.grading",
-    "paged_kv_course.conformance",
-    "paged_kv_course.conformance.differential",
-    "paged_kv_course.conformance.simulation",
-    "paged_kv_lib.allocator",
-    "paged_kv_lib.block_manager",  # and the modules it is made of:
-    "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
-    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats",
-    "paged_kv_lib.free_queue",
-    "paged_kv_lib.prefix_cache",
-    "paged_kv_lib.invariants",
-    "paged_kv_course.seed",
-    "paged_kv_course.starters.after_05",
-    "paged_kv_course.starters.after_06",
-    "paged_kv_course.starters.after_07",
-    "paged_kv_course.starters.after_08",
-    "paged_kv_course.starters.after_09",
-    "paged_kv_lib.model.contiguous",
-)
-
-# Forbidden modules that are not stubs in the learner's kernel (delegation.kernel_stubbed_modules):
-# 05.3 hands the learner's loop a library allocator (course.instruments.RecordingAllocator), so the allocator
-# and its parts stay real in the kernel; the scan of the solution cells and the notebook's check still refuse
-# a solution that uses them.
-KERNEL_NEEDS = (
-    "paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.free_queue", "paged_kv_lib.prefix_cache",
-    "paged_kv_lib.invariants", "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
-    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats", "paged_kv_lib.model.contiguous",
-)
-
 
 # --------------------------------------------------------------------------- 05.1
 class _WrongGrowth(AllocatorAfter05):

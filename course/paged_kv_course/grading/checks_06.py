@@ -36,27 +36,6 @@ from .checks_05 import random_scenarios, serve_through_engine
 # The learner's figures beside the library's are printed on success too, before the PASSED line.
 SHOW_FIGURES = True
 
-#: What a solution of exercise 06 may not use (see :mod:`paged_kv_course.grading.delegation`): the code
-#: that implements sharing, prefix caching and the free queue, and the starters of exercise 06 and later.
-FORBIDDEN = (
-    "paged_kv_course.grading",
-    "paged_kv_course.conformance",
-    "paged_kv_course.conformance.differential",
-    "paged_kv_course.conformance.simulation",
-    "paged_kv_lib.allocator",
-    "paged_kv_lib.block_manager",  # and the modules it is made of:
-    "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
-    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats",
-    "paged_kv_lib.free_queue",
-    "paged_kv_lib.prefix_cache",
-    "paged_kv_lib.invariants",
-    "paged_kv_course.seed",
-    "paged_kv_course.starters.after_06",
-    "paged_kv_course.starters.after_07",
-    "paged_kv_course.starters.after_08",
-    "paged_kv_course.starters.after_09",
-)
-
 
 # --------------------------------------------------------------------------- 06.1
 class _WrongCopy(AllocatorAfter05):

@@ -21,22 +21,6 @@ from paged_kv_lib.errors import OutOfBlocksError
 from ._checks_07_admission import check_plan_admission  # noqa: F401  (task 07.1, a check of its own module)
 from ._common import CheckFailure, call_learner, expect_equal, fail, passed
 
-# What a solution of exercise 07 may not lean on (interfaces.md item 1): the allocator's admission
-# and growth questions, the engine's scheduler and the simulator's preemption rule.
-FORBIDDEN: Tuple[str, ...] = (
-    "paged_kv_course.grading",
-    "paged_kv_course.conformance",
-    "paged_kv_course.conformance.differential",
-    "paged_kv_course.conformance.simulation",
-    "paged_kv_lib.allocator",
-    "paged_kv_lib.block_manager",  # and the modules it is made of:
-    "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
-    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats",
-    "paged_kv_lib.engine",
-    "paged_kv_lib.simulate",
-    "paged_kv_course.seed",
-)
-
 
 # --------------------------------------------------------------------------- 07.2
 Running = List[Tuple[int, int, int]]

@@ -37,32 +37,6 @@ from ._common import (
     under_judge,
 )
 
-# What a solution of exercise 08 may not lean on (interfaces.md item 1): the allocator and its parts
-# (a MyAllocator that wraps them is not the learner's class), the reservation rule of task 08.1.
-# The simulator package stays importable (its workloads and snapshots are the tasks' data), but its
-# paged memory model calls the allocator and so cannot run in a solution while the exercise is graded.
-FORBIDDEN: tuple[str, ...] = (
-    "paged_kv_course.grading",
-    "paged_kv_course.conformance",
-    "paged_kv_course.conformance.differential",
-    "paged_kv_course.conformance.simulation",
-    "paged_kv_lib.allocator",
-    "paged_kv_lib.block_manager",  # and the modules it is made of:
-    "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
-    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats",
-    "paged_kv_lib.free_queue",
-    "paged_kv_lib.prefix_cache",
-    "paged_kv_lib.invariants",
-    "paged_kv_course.seed",
-    "paged_kv_lib.simulate.reservation",
-    "paged_kv_lib.simulate.metrics",  # its Averager is task 08.3's answer (StepSnapshot is importable from the package)
-    "paged_kv_course.starters",  # 08.4 measures the learner's own class: no starter stands in for it
-)
-
-# Forbidden modules that are not stubs in the learner's kernel (delegation.kernel_stubbed_modules):
-# The simulator package (the tasks' data) imports the reservation rules, so they stay real in the kernel;
-# the scan of the solution cells and the notebook's check still refuse a solution that uses them.
-KERNEL_NEEDS = ("paged_kv_lib.simulate.reservation", "paged_kv_lib.simulate.metrics")
 
 Running = list[tuple[int, int, int]]
 State = tuple[int, Running, list[int], int | None]  # capacity, running, free_holes, first_waiting

@@ -5,10 +5,9 @@
 * 09.3 (PyTorch): ``merge_softmax_states``, the merge of two partial online-softmax states.
 * 09.5 (debug, PyTorch): the fixed version of a provided split-K decode with three planted bugs.
 
-While exercise 09 is graded, the learner's kernel cannot use the library code that answers
-these tasks: the attention implementations and the checks themselves (``FORBIDDEN``).
-``paged_kv_course.triton_skeleton`` (the launchers) and ``paged_kv_lib.attention.testing``
-(batches to try things on) stay usable.
+A solution that uses the library code answering these tasks (the attention implementations)
+earns 0 on that task (:mod:`.delegation`); ``paged_kv_course.triton_skeleton`` (the launchers)
+and ``paged_kv_lib.attention.testing`` (batches to try things on) stay usable.
 """
 
 from __future__ import annotations
@@ -28,21 +27,10 @@ from ._common_repair import check_repair
 from ._common import call_learner, fail, is_tensor, passed, show
 from ._common_09 import close, describe, matches
 
-FORBIDDEN: tuple[str, ...] = (
-    "paged_kv_course.grading",
-    "paged_kv_course.conformance",
-    "paged_kv_course.conformance.differential",
-    "paged_kv_course.conformance.simulation",
-    "paged_kv_lib.attention.triton_kernel",
-    "paged_kv_lib.attention.reference",
-    "paged_kv_lib.attention.batched",
-    "paged_kv_lib.attention.api",
-)
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (m, l, acc)
 
 __all__ = [
-    "FORBIDDEN",
     "check_fold_tile",
     "check_merge_softmax_states",
     "check_paged_decode_kernel",

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from ._common import DEFAULT_CELL_TIMEOUT_S
+from .judge_process import DEFAULT_TIMEOUT_S
+from .wire import escape
 
 if TYPE_CHECKING:
     from .grader import GradeReport
@@ -35,7 +36,7 @@ def register(subparsers: Any) -> None:
         help="grade an exercise notebook (or a folder of submissions with --batch)",
         description=(
             "Splice the solution cells of a notebook into a pristine copy of its exercise, run its cells "
-            "in a sandboxed kernel with a per-cell timeout, run each check outside that kernel against "
+            "in a sandboxed kernel under one time limit for the whole submission, run each check outside that kernel against "
             "the learner's objects, and print a score table. With --batch, grade every "
             "submission in FOLDER/<learner>/NN_topic.ipynb or FOLDER/<learner>__NN_topic.ipynb "
             "and write a gradebook CSV."
@@ -49,8 +50,8 @@ def register(subparsers: Any) -> None:
         help="submissions graded at once (with --batch; default: the number of cores)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=DEFAULT_CELL_TIMEOUT_S, metavar="SECONDS",
-        help=f"per-cell time limit (default {DEFAULT_CELL_TIMEOUT_S:g})",
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+        help=f"time limit of one whole submission, kernel start included (default {DEFAULT_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--pristine", type=Path, metavar="PATH",
@@ -66,7 +67,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--sandbox", choices=("auto", "bwrap", "none"), default="auto",
-        help="run the learner's code in a bubblewrap sandbox: auto (when available), bwrap (required), none",
+        help="auto and bwrap: run the learner's code in a bubblewrap sandbox, and refuse to grade where "
+             "there is none; none: grade unsandboxed (every report says so)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (with --batch)")
     parser.add_argument(
@@ -104,12 +106,12 @@ def _input_error(args: argparse.Namespace) -> str:
         return f"--hidden-cases {hidden_dir}: no such folder"
     if args.pristine is not None and not args.pristine.exists():
         return f"--pristine {args.pristine}: no such file or folder"
-    if args.sandbox == "bwrap":
-        from .sandbox import bwrap_problem
+    if args.sandbox != "none":
+        from .sandbox import REFUSED, bwrap_problem
 
         problem = bwrap_problem()
         if problem:
-            return f"--sandbox bwrap: {problem}"
+            return REFUSED.format(problem=problem)
     return ""
 
 
@@ -254,4 +256,4 @@ def format_report(report: GradeReport, detail_lines: Optional[int] = DETAIL_LINE
     if report.notes:
         lines.append("")
         lines.extend(f"note: {note}" for note in report.notes)
-    return "\n".join(lines)
+    return escape("\n".join(lines), limit=10 ** 7)  # learner text: no control characters or escape sequences

@@ -1,287 +1,243 @@
-"""What a learner's solution for exercise NN may not lean on: the library code that implements what NN grades.
+"""Delegation: one rule, read from one table of graded pieces.
 
-Each ``checks_NN.py`` names those modules in a module-level tuple ``FORBIDDEN`` (dotted
-names; a package covers its submodules). Official grading hides them from the learner's
-kernel and a scan of the solution cells reports reaching for them; the check cells in a
-notebook say the same thing, so a grade never contradicts what the learner saw.
-
-The names are read from the check module's source, without importing it, so the grader
-can ask before any check (or torch) is loaded.
+A solution earns nothing for a task when its solution cell imports, or reaches by name, the
+library code that implements what the task grades, or pastes it: :data:`MAX_SHARE` or more of
+its own tokens (the lines the pristine cell already holds do not count) in 6-token runs shared
+with the ``paged_kv_lib`` modules of that piece (:class:`TokenIndex`, the lesson gate's
+measure). Calibrated on the reference solutions, which share up to 66% of their tokens with
+the library's own implementation (08.1) in such runs: hence 80%, not the lesson gate's 60%,
+and exact runs only (the gate's 12-token "same shape" runs put honest solutions at up to 96%). :data:`PIECES` says, per exercise (or per task ``NN.k``), which
+modules implement what it grades; a package covers its submodules, and a module that no longer
+exists is simply not there to import or paste. The grader reads the solution cells' text, so
+the rule holds with or without a sandbox and needs nothing in the learner's kernel.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
-import sys
-import types
+import importlib
+import importlib.util
+import io
+import keyword
+import re
+import textwrap
+import tokenize
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from paged_kv_course.stand_in import is_stand_in
+_BOOKS = ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.block_pool",
+          "paged_kv_lib.block_questions", "paged_kv_lib.block_rules", "paged_kv_lib.growth",
+          "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats", "paged_kv_lib.bookkeeping")
+_SHARING = ("paged_kv_lib.free_queue", "paged_kv_lib.prefix_cache", "paged_kv_lib.invariants")
+_COURSE = ("paged_kv_course.grading", "paged_kv_course.conformance", "paged_kv_course.seed")
+_LATER = tuple(f"paged_kv_course.starters.after_{n:02d}" for n in range(3, 10))
 
-_HERE = Path(__file__).resolve().parent
+# exercise (or task) -> the modules implementing what it grades.
+PIECES: Dict[str, Tuple[str, ...]] = {
+    "02": (*_COURSE, *_BOOKS, *_SHARING, "paged_kv_lib.block", "paged_kv_course.starters", "paged_kv_lib.attention"),
+    "03": (*_COURSE, *_BOOKS, *_SHARING, *_LATER[0:1], "paged_kv_course.starters.after_05",
+           "paged_kv_course.starters.after_06"),
+    "04": (*_COURSE, *_BOOKS, "paged_kv_lib.kv_store", "paged_kv_lib.cache_ops", "paged_kv_lib.attention",
+           "paged_kv_lib.viz.plots", "paged_kv_lib.viz.hash_chain", "paged_kv_lib.model"),
+    "05": (*_COURSE, *_BOOKS, *_SHARING, *_LATER[2:], "paged_kv_lib.model.contiguous"),
+    "06": (*_COURSE, *_BOOKS, *_SHARING, *_LATER[3:]),
+    "07": (*_COURSE, *_BOOKS, "paged_kv_lib.engine", "paged_kv_lib.simulate"),
+    "08": (*_COURSE, *_BOOKS, *_SHARING, "paged_kv_lib.simulate.reservation", "paged_kv_lib.simulate.metrics",
+           "paged_kv_course.starters"),
+    "09": (*_COURSE, "paged_kv_lib.attention.triton_kernel", "paged_kv_lib.attention.reference",
+           "paged_kv_lib.attention.batched", "paged_kv_lib.attention.api"),
+}
+MAX_SHARE = 0.80
+EXACT_RUN, SHAPE_RUN = 6, 12
+_DYNAMIC = {"exec", "eval", "compile", "__import__", "importlib", "import_module"}
 
 
 def forbidden_modules(exercise: str) -> Tuple[str, ...]:
-    """The modules exercise ``exercise`` ("03", or "03_the_allocator") forbids; () when it names none."""
-    return _module_tuple(exercise, "FORBIDDEN")
+    """The modules implementing what exercise ``exercise`` ("03", "03_the_allocator" or a task "03.2") grades."""
+    key = exercise[:4] if re.fullmatch(r"\d\d\.\d+", exercise[:4]) else exercise[:2]
+    return PIECES.get(key, PIECES.get(key[:2], ()))
 
 
-def _module_tuple(exercise: str, name: str) -> Tuple[str, ...]:
-    """The tuple of module names ``name`` in ``checks_NN.py``, read from its source; () when absent."""
-    number = exercise[:2]
-    if not number.isdigit():
-        raise ValueError(f"exercise {exercise!r} does not start with its two-digit number")
-    path = _HERE / f"checks_{number}.py"
-    if not path.is_file():
-        return ()
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in tree.body:
-        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
-            continue
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            value = ast.literal_eval(node.value)
-            if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"{path.name}: {name} must be a tuple of module names, not {value!r}")
-            return tuple(value)
-    return ()
-
-
-def kernel_stubbed_modules(exercise: str) -> Tuple[str, ...]:
-    """The forbidden modules that are stubs in the learner's kernel while ``exercise`` is graded.
-
-    That is :func:`forbidden_modules` less the check module's ``KERNEL_NEEDS``: forbidden modules
-    whose code the checks' own objects need inside the kernel (a library allocator a check hands to
-    the learner's function, a package whose import uses one). A solution that uses one of those is
-    still refused by the scan of its cell and by the check in the notebook.
-    """
-    needs = _module_tuple(exercise, "KERNEL_NEEDS")
-    return tuple(m for m in forbidden_modules(exercise) if not is_forbidden(m, needs))
-
-
-def is_forbidden(module: str, forbidden: Tuple[str, ...]) -> bool:
+def is_forbidden(module: str, forbidden: Sequence[str]) -> bool:
     """Whether ``module`` is one of ``forbidden`` or inside one of those packages."""
-    return any(module == name or module.startswith(name + ".") for name in forbidden)
+    return any(module == f or module.startswith(f + ".") for f in forbidden)
 
 
-def exercise_number(name: str) -> str:
-    """The two-digit number of an exercise, a check module or a task: "06_sharing", "checks_06", "06.1" -> "06"."""
-    stem = name.rsplit(".", 1)[-1] if name.startswith(("paged_kv_lib.", "paged_kv_course.")) else name
-    stem = stem[len("checks_"):] if stem.startswith("checks_") else stem
-    number = stem[:2]
-    if not number.isdigit():
-        raise ValueError(f"{name!r} names no exercise (expected NN_topic, checks_NN or NN.k)")
-    return number
+def _origin(module: str, attribute: str) -> str:
+    """The module that defines ``module.attribute`` (the library's own objects, imported in the judge)."""
+    try:
+        value = getattr(importlib.import_module(module), attribute)
+    except Exception:  # noqa: BLE001 - a name that does not resolve: its dotted path is what it reaches
+        return f"{module}.{attribute}"
+    return getattr(value, "__name__", "") if type(value).__name__ == "module" else \
+        str(getattr(value, "__module__", None) or module)
 
 
-def forbidden_line(module: str, exercise: str) -> str:
-    """The one line a solution gets for using code defined in ``module``, which ``exercise`` forbids.
+def reached(source: str, pieces: Sequence[str]) -> List[str]:
+    """What a solution cell imports or names of ``pieces``, and run-time name lookups it makes."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found: List[str] = []
+    bound: Dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound[(alias.asname or alias.name).split(".")[0]] = alias.asname and alias.name or \
+                    alias.name.split(".")[0]
+                found.append(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                target = _origin(node.module, alias.name) if alias.name != "*" and \
+                    node.module.startswith("paged_kv_") else node.module
+                found += [node.module, target]
+        elif isinstance(node, ast.Attribute):
+            parts, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                parts.insert(0, base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and bound.get(base.id, "").startswith("paged_kv_"):
+                path = bound[base.id]
+                for part in parts:
+                    path = _origin(path, part) if importable(path) else f"{path}.{part}"
+                    found.append(path)
+        elif isinstance(node, ast.Name) and node.id in _DYNAMIC or \
+                isinstance(node, ast.Attribute) and node.attr in ("modules", "import_module"):
+            return [f"runtime:{getattr(node, 'id', getattr(node, 'attr', ''))}"]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                any(is_forbidden(m, pieces) for m in re.findall(r"paged_kv_\w+(?:\.\w+)*", node.value)):
+            found.append(re.findall(r"paged_kv_\w+(?:\.\w+)*", node.value)[0])
+    return [m for m in dict.fromkeys(found) if is_forbidden(m, pieces)]
 
-    The static scan, the in-notebook probe and the grade all print this line, so a learner
-    reads the same reason in JupyterLab and in the grade. It names the module that defines
-    what was used (where a name was imported from can differ: a package re-exports it).
-    """
-    number = exercise_number(exercise)
-    return (f"uses {module}: library code that implements what exercise {number} grades, so a solution "
-            "may not use it (write it yourself; starters of earlier exercises are allowed)")
 
-
-DYNAMIC_WHY = "a solution reaches library code only through plain imports, so the grader can tell what it uses"
-
-
-def dynamic_line(what: str, why: str = DYNAMIC_WHY) -> str:
-    """The one line a solution gets for reaching into modules by a computed name (``what`` says how)."""
-    return f"uses {what}: {why} (import what you need by name)"
+def importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 # ---------------------------------------------------------------------------------------
-# The in-notebook probe: a check cell in JupyterLab says what the grade will say
+# The paste measure (shared with the lesson gate, tests/exercises/test_answers_not_in_lessons.py)
 
-_LIBRARY = "paged_kv_lib"
-_NOT_LEARNER = {"builtins", "torch", "triton", "numpy", "IPython", "ipykernel", "nbformat", "functools", "typing"}
-_MAX_DEPTH = 8
-_MAX_ITEMS = 64
-
-
-def _module_of(value: Any) -> Optional[str]:
-    """The module that defines a class, function or module (``None`` for other values)."""
-    kind = type(value)  # type(), not isinstance: a stand-in's __class__ is never read
-    if issubclass(kind, types.ModuleType):
-        return value.__name__
-    if issubclass(kind, (type, types.FunctionType, types.BuiltinFunctionType)):
-        module = getattr(value, "__module__", None)
-        return module if isinstance(module, str) else None
-    return None
+Token = Tuple[int, str]
+_LAYOUT = {tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT, tokenize.ENCODING,
+           tokenize.ENDMARKER}
 
 
-def _is_learner_module(module: Optional[str]) -> bool:
-    """Code the learner wrote (a notebook's ``__main__``, their own files): the probe looks inside it."""
-    if not module:
-        return False
-    if module == "__main__" or module.startswith("__main__."):
-        return True
-    top = module.split(".")[0]
-    return not (top == _LIBRARY or top in _NOT_LEARNER or top in sys.stdlib_module_names or top.startswith("_"))
+def tokens_of(source: str) -> List[Token]:
+    """The significant tokens of ``source``: no comments, docstrings or layout; IPython magics blanked."""
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    raw: List[tokenize.TokenInfo] = []
+    try:
+        raw.extend(tokenize.generate_tokens(io.StringIO(textwrap.dedent("\n".join(lines)) + "\n").readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    out: List[Token] = []
+    line_start = True
+    for index, tok in enumerate(raw):
+        if tok.type in _LAYOUT:
+            line_start = line_start or tok.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+            continue
+        if tok.type == tokenize.STRING and line_start and next(
+                (t.type for t in raw[index + 1:] if t.type not in (tokenize.COMMENT, tokenize.NL)),
+                tokenize.ENDMARKER) in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            continue  # a docstring or a bare string statement
+        line_start = False
+        out.append((tok.type, tok.string))
+    return out
 
 
-def _code_names(code: types.CodeType) -> Set[str]:
-    """Every global or attribute name a code object and the code nested in it mention."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
+def shape_of(tok: Token) -> Token:
+    """The token with identifiers, numbers and strings replaced by placeholders."""
+    kind, text = tok
+    if kind == tokenize.NAME and not keyword.iskeyword(text) and not keyword.issoftkeyword(text):
+        return (kind, "<id>")
+    return {tokenize.NUMBER: (kind, "<num>"), tokenize.STRING: (kind, "<str>")}.get(kind, tok)
 
 
-class _Probe:
-    """One walk over a check's learner arguments; ``found`` is the module of the first forbidden thing."""
+class TokenIndex:
+    """Every 6-token run (exact) and 12-token run (shape) of some texts, with the texts holding each."""
 
-    def __init__(self, forbidden: Tuple[str, ...]) -> None:
-        self.forbidden = forbidden
-        self.seen: Set[int] = set()
-        self.found: Optional[str] = None
+    def __init__(self, texts: Iterable[Sequence[Token]], exact_run: int = EXACT_RUN, shape_run: int = SHAPE_RUN):
+        self.exact_run, self.shape_run = exact_run, shape_run
+        self.exact: Dict[Tuple[Token, ...], Set[int]] = {}
+        self.shape: Dict[Tuple[Token, ...], Set[int]] = {}
+        for number, seq in enumerate(texts):
+            for grams, run, s in ((self.exact, exact_run, tuple(seq)),
+                                  (self.shape, shape_run, tuple(shape_of(t) for t in seq))):
+                for start in range(len(s) - run + 1):
+                    grams.setdefault(s[start:start + run], set()).add(number)
 
-    def hit(self, module: str) -> bool:
-        if self.found is None and is_forbidden(module, self.forbidden):
-            self.found = module
-        return self.found is not None
+    def hits(self, region: Sequence[Token], allowed: Optional[Set[int]] = None) -> List[Set[int]]:
+        """For each token of ``region``, the texts sharing a run that contains it."""
+        out: List[Set[int]] = [set() for _ in region]
+        for grams, run, seq in ((self.exact, self.exact_run, tuple(region)),
+                                (self.shape, self.shape_run, tuple(shape_of(t) for t in region))):
+            for start in range(len(seq) - run + 1):
+                found = grams.get(seq[start:start + run])
+                if found and allowed is not None:
+                    found = found & allowed
+                if found:
+                    for i in range(start, start + run):
+                        out[i] |= found
+        return out
 
-    def defined(self, value: Any) -> bool:
-        """Whether ``value`` itself (a class, function or module) is defined in a forbidden module."""
-        module = _module_of(value)
-        if module is None:
-            return False
-        return self.hit(module)
+    def share(self, region: Sequence[Token]) -> float:
+        """The share of ``region``'s tokens that lie in a run shared with the indexed texts."""
+        return sum(1 for h in self.hits(region) if h) / len(region) if region else 0.0
 
-    def visit(self, value: Any, depth: int = 0) -> None:
-        if self.found is not None or depth > _MAX_DEPTH or id(value) in self.seen:
-            return
-        self.seen.add(id(value))
-        kind = type(value)
-        if is_stand_in(value):
-            return  # the judge's stand-ins for learner objects: never touched (their attributes are remote)
-        if self.defined(value):
-            return
-        if issubclass(kind, types.ModuleType):
-            return
-        if issubclass(kind, type):
-            self.visit_class(value, depth)
-        elif issubclass(kind, types.FunctionType):
-            self.visit_function(value, depth)
-        elif issubclass(kind, types.MethodType):
-            self.visit(value.__func__, depth + 1)
-            self.visit(value.__self__, depth + 1)
-        elif issubclass(kind, (staticmethod, classmethod)):
-            self.visit(value.__func__, depth + 1)
-        elif issubclass(kind, property):
-            for part in (value.fget, value.fset, value.fdel):
-                self.visit(part, depth + 1)
-        elif issubclass(kind, functools.partial):
-            self.visit(value.func, depth + 1)
-            for item in (*value.args, *value.keywords.values()):
-                self.visit(item, depth + 1)
-        elif issubclass(kind, (list, tuple, set, frozenset)):
-            for item in list(value)[:_MAX_ITEMS]:
-                self.visit(item, depth + 1)
-        elif issubclass(kind, dict):
-            for item in list(value.values())[:_MAX_ITEMS]:
-                self.visit(item, depth + 1)
-        elif kind.__module__.split(".")[0] == "triton":
-            inner = getattr(value, "fn", None)  # a @triton.jit kernel wraps the learner's Python function
-            if isinstance(inner, types.FunctionType):
-                self.visit(inner, depth + 1)
-        elif not issubclass(kind, (int, float, complex, str, bytes, bool, type(None))):
-            self.visit_instance(value, depth)
 
-    def visit_class(self, cls: type, depth: int) -> None:
-        for base in cls.__mro__[1:]:
-            if self.defined(base):
-                return
-        if not _is_learner_module(cls.__module__):
-            return
-        for klass in cls.__mro__:
-            if _is_learner_module(klass.__module__):
-                for item in list(vars(klass).values()):
-                    self.visit(item, depth + 1)
-
-    def visit_function(self, fn: types.FunctionType, depth: int) -> None:
-        if not _is_learner_module(fn.__module__):
-            return
-        names = _code_names(fn.__code__)
-        for name in sorted(names):
-            if "." in name and is_forbidden(name, self.forbidden):  # an import inside the body names its module
-                loaded = sys.modules.get(name)
-                taken = [vars(loaded)[n] for n in sorted(names) if loaded is not None and n in vars(loaded)]
-                defined = [_module_of(v) for v in taken if _module_of(v)]
-                self.hit(str(defined[0]) if defined and is_forbidden(str(defined[0]), self.forbidden) else name)
-        scope = fn.__globals__
-        for name in sorted(names):
-            if name in scope:
-                value = scope[name]
-                self.visit(value, depth + 1)
-                if isinstance(value, types.ModuleType):
-                    self.visit_module_names(value, names)
-        for cell in fn.__closure__ or ():
-            try:
-                self.visit(cell.cell_contents, depth + 1)
-            except ValueError:
-                continue  # an empty cell
-        for item in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
-            self.visit(item, depth + 1)
-
-    def visit_module_names(self, module: types.ModuleType, names: Set[str], level: int = 0) -> None:
-        """``pk.prefix_cache.block_key`` in a function: the attributes it names on a module it reads."""
-        if level > 3:
-            return
-        for name in sorted(names):
-            value = module.__dict__.get(name)
-            if value is None or value is module:
-                continue
-            if self.defined(value):
-                return
-            if isinstance(value, types.ModuleType):
-                self.visit_module_names(value, names, level + 1)
-
-    def visit_instance(self, value: Any, depth: int) -> None:
-        self.visit(type(value), depth + 1)
+def piece_sources(pieces: Sequence[str]) -> List[str]:
+    """The source text of every existing module of ``pieces`` (packages with their submodules)."""
+    out = []
+    for name in pieces:
         try:
-            attributes = object.__getattribute__(value, "__dict__")
-        except AttributeError:
-            return
-        if isinstance(attributes, dict):
-            for item in list(attributes.values())[:_MAX_ITEMS]:
-                self.visit(type(item), depth + 1)
-                self.visit(item, depth + 1)
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        path = Path(spec.origin)
+        files = sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path]
+        out += [f.read_text(encoding="utf-8") for f in files]
+    return out
 
 
-def first_forbidden(values: Iterable[Any], forbidden: Tuple[str, ...]) -> Optional[str]:
-    """The module of the first thing among ``values`` (and what they reach) defined in ``forbidden``; else None."""
-    probe = _Probe(tuple(forbidden))
-    for value in values:
-        probe.visit(value)
-        if probe.found is not None:
-            break
-    return probe.found
+_INDEX: Dict[str, TokenIndex] = {}
 
 
-def guarded(check: Callable[..., Any], exercise: str) -> Callable[..., Any]:
-    """``check`` (of exercise ``exercise``), first failing in one line on learner code that uses forbidden modules.
+def pasted_share(source: str, task: str, scaffold: str = "") -> float:
+    """The share of a solution cell's own tokens (lines of ``scaffold``, the pristine cell, left out) lying in
+    6-token runs of the library modules implementing what ``task`` grades."""
+    pieces = [m for m in forbidden_modules(task) if m.startswith("paged_kv_lib")]
+    key = ",".join(pieces)
+    if key not in _INDEX:
+        _INDEX[key] = TokenIndex((tokens_of(text) for text in piece_sources(pieces)), shape_run=10 ** 9)
+    given = {line.strip() for line in scaffold.splitlines() if line.strip()}
+    return _INDEX[key].share(tokens_of("\n".join(li for li in source.splitlines() if li.strip() not in given)))
 
-    The wrapper keeps the check's name, signature and docstring; it changes nothing for a
-    learner whose code is their own.
-    """
-    forbidden = forbidden_modules(exercise_number(exercise))
-    if not forbidden or not callable(check):
-        return check
-    from ._common import CheckFailure
 
-    @functools.wraps(check)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        found = first_forbidden((*args, *kwargs.values()), forbidden)
-        if found is not None:
-            raise CheckFailure(forbidden_line(found, exercise))
-        return check(*args, **kwargs)
+def delegation_line(task: str, source: str, scaffold: str = "") -> str:
+    """The one line that zeroes ``task`` for this solution cell, or '' when the cell does its own work."""
+    pieces = forbidden_modules(task)
+    names = reached(source, pieces)
+    if names and names[0].startswith("runtime:"):
+        return (f"delegation: task {task} earns 0: its solution cell looks code up by a name built at run time "
+                f"({names[0][8:]}), so the grader cannot tell that it does not use the library's answer")
+    if names:
+        return (f"delegation: task {task} earns 0: its solution cell uses {names[0]}, the library's "
+                "implementation of what this task grades")
+    share = pasted_share(source, task, scaffold)
+    if share >= MAX_SHARE:
+        return (f"delegation: task {task} earns 0: {share:.0%} of its solution cell is pasted from the library's "
+                f"implementation of what this task grades (the limit is {MAX_SHARE:.0%})")
+    return ""
 
-    return checked
+
+def delegation_lines(task_sources: Mapping[str, Tuple[str, str]]) -> Dict[str, str]:
+    """``task -> line`` for every task whose solution cell (source, pristine scaffold) delegates."""
+    return {task: line for task, (source, scaffold) in task_sources.items()
+            if (line := delegation_line(task, source, scaffold))}

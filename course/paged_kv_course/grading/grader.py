@@ -16,6 +16,7 @@ visible checks of their task and add their own points.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +25,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from nbformat import NotebookNode
 
 from . import hidden as hidden_cases
-from . import sandbox, scan
-from ._common import DEFAULT_CELL_TIMEOUT_S
-from .delegation import kernel_stubbed_modules
-from .judge_process import KERNEL_STARTUP_TIMEOUT_S, GradingError, run_judge
-from .notebook_tasks import ROLE_SOLUTION, ExerciseSpecError, NotebookFormatError, Task, cell_task, find_tasks, read_notebook
+from . import sandbox
+from .delegation import delegation_lines
+from .judge_process import DEFAULT_TIMEOUT_S, KERNEL_STARTUP_TIMEOUT_S, GradingError, run_judge
+from .notebook_tasks import ROLE_SOLUTION, ExerciseSpecError, NotebookFormatError, Task, cell_task, find_tasks
 from .points import check_function
 from .pristine import (
     EXERCISE_NAME,
@@ -48,12 +48,38 @@ from .pristine import (
 from .splice import _defined_names, splice, splice_cells, ungraded_code
 
 __all__ = [
-    "CheckResult", "GradeReport", "GradingError", "InputError", "KERNEL_STARTUP_TIMEOUT_S", "PristineNotFoundError",
+    "CheckResult", "DEFAULT_CELL_TIMEOUT_S", "GradeReport", "GradingError", "InputError", "KERNEL_STARTUP_TIMEOUT_S", "PristineNotFoundError",
     "TaskResult", "EXERCISE_NAME", "check_exercise_name", "default_search", "exercise_name", "find_course",
     "find_pristine", "find_tasks_lenient", "grade_notebook", "is_solution_notebook", "load_pristine",
     "prepare_for_run", "run_judge", "score", "splice", "splice_cells", "submission_exercise", "ungraded_code",
     "_defined_names", "_pristine_source",
 ]
+
+DEFAULT_CELL_TIMEOUT_S = DEFAULT_TIMEOUT_S  # the old name (batch, Gradescope): now the whole submission's limit
+
+
+def read_submission(path: Path) -> NotebookNode:
+    """The submission, read only when it is one regular file: never a symlink, a folder or a device (a link
+    would let one learner hand in another's notebook, or the course's own solutions)."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        raise NotebookFormatError(f"{path}: cannot read the submission ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+        raise NotebookFormatError(f"{path}: the submission is {what}; hand in the notebook file itself")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise NotebookFormatError(f"{path}: cannot read the submission ({exc.strerror})") from None
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    from .notebook_tasks import notebook_from_text
+
+    return notebook_from_text(text, str(path))
+
 
 @dataclass
 class CheckResult:
@@ -157,7 +183,7 @@ def _check_results(spec: Task, numbers: List[int], cells: List[dict], results: D
         entry = results.get(number) or {"outcome": "failed", "line": "not run (no result for this cell)"}
         ok = entry.get("outcome") == "passed"
         if cell.get("hidden"):
-            failure = "" if ok else hidden_cases.failure_line(spec.task, int(cell["hidden"]), str(cell.get("hint", "")))
+            failure = "" if ok else _hidden_line(spec.task, cell, entry)
             out.append(CheckResult(f"hidden case {cell['hidden']}", float(cell.get("points", 0)), ok, failure,
                                    int(cell["hidden"])))
             continue
@@ -166,6 +192,18 @@ def _check_results(spec: Task, numbers: List[int], cells: List[dict], results: D
                                "" if ok else str(entry.get("line") or entry.get("outcome", "failed"))))
         visible += 1
     return out
+
+
+_OWN_LINES = ("timed out: the submission", "not run: ")  # the grader's words, never the learner's
+
+
+def _hidden_line(task: str, cell: dict, entry: dict) -> str:
+    """A failed hidden case's line: its hint, or that time ran out (which no hint should hide); never the
+    learner's text or the case's values."""
+    line = str(entry.get("line", ""))
+    if line.startswith(_OWN_LINES):
+        return f"hidden case {cell['hidden']} of task {task}: {line}"
+    return hidden_cases.failure_line(task, int(cell["hidden"]), str(cell.get("hint", "")))
 
 
 def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Dict[int, dict],
@@ -191,7 +229,7 @@ def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Di
             line = entry.get("line") or entry["outcome"]
             hidden = cells[number].get("hidden") if number < len(cells) else None
             if hidden:
-                line = hidden_cases.failure_line(task, int(hidden), str(cells[number].get("hint", "")))
+                line = _hidden_line(task, cells[number], entry)
             detail = "" if hidden else entry.get("detail", "")
             failures[task] = (f"{line}" if role != ROLE_SOLUTION else f"solution cell: {line}", detail)
     out = []
@@ -214,7 +252,7 @@ def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Di
 def grade_notebook(
     submission: Union[str, Path],
     pristine: Optional[Union[str, Path]] = None,
-    cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
+    cell_timeout: float = DEFAULT_TIMEOUT_S,
     workdir: Optional[Union[str, Path]] = None,
     exercise: Optional[str] = None,
     course: Optional[Union[str, Path]] = None,
@@ -236,7 +274,7 @@ def grade_notebook(
     submission = Path(submission)
     report = GradeReport(submission=submission, exercise=exercise or submission.stem)
     try:
-        sub_nb: Optional[NotebookNode] = read_notebook(submission)
+        sub_nb: Optional[NotebookNode] = read_submission(submission)
         load_error = ""
     except NotebookFormatError as exc:
         sub_nb, load_error = None, str(exc)
@@ -273,14 +311,12 @@ def grade_notebook(
             hide.append(find_course(submission, Path(course) if course else None) / "exercises")
     except (PristineNotFoundError, InputError):
         pass
-    forbidden = kernel_stubbed_modules(name)  # stubs in the kernel; the scan still refuses all of FORBIDDEN
     try:
         if workdir is not None:
-            results, isolation = run_judge(cells, Path(workdir), cell_timeout, sandbox_mode, hide, name[:2], forbidden)
+            results, isolation = run_judge(cells, Path(workdir), cell_timeout, sandbox_mode, hide)
         else:
             with tempfile.TemporaryDirectory(prefix="paged-kv-grade-") as tmp:
-                results, isolation = run_judge(cells, Path(tmp) / "work", cell_timeout, sandbox_mode, hide,
-                                               name[:2], forbidden)
+                results, isolation = run_judge(cells, Path(tmp) / "work", cell_timeout, sandbox_mode, hide)
     except (GradingError, sandbox.SandboxUnavailableError) as exc:
         report.error = str(exc)
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else "the grader failed"
@@ -289,7 +325,13 @@ def grade_notebook(
     if isolation:
         report.notes.insert(0, isolation)
     report.tasks = score(roles, tasks, results, cells)
-    report.tasks = scan.zero_reported(report.tasks, scan.delegation_lines(name, {t.task: spliced.cells[t.solution_cell].get("source", "") for t in tasks.values()}))  # noqa: E501 - solutions reaching for forbidden library code earn 0
+    lines = delegation_lines({t.task: (spliced.cells[t.solution_cell].get("source", ""),
+                                       pristine_nb.cells[t.solution_cell].get("source", "")) for t in tasks.values()})
+    for result in report.tasks:
+        if result.task in lines:  # the library's answer, imported or pasted: 0 on this task, one line why
+            result.passed, result.failure, result.detail = False, lines[result.task], ""
+            for check in result.checks:
+                check.passed = False
     other = [
         f"cell {n} (not a task) failed: {entry.get('line', '')}"
         for n, entry in sorted(results.items()) if n not in roles and entry.get("outcome") == "failed"

@@ -1,26 +1,25 @@
 """The judge: runs a spliced exercise notebook and decides each check outside the learner's kernel.
 
-The learner's kernel (:mod:`.runner`, sandboxed where possible) runs every code cell
-except the check cells. For each check cell the judge parses its one call
-``check_x(name, ...)``, imports the real check function here, and calls it with proxies
-(:class:`Remote`) standing for the learner's globals: a call on a proxy sends its
-arguments into the kernel, runs the learner's code there and brings back the result,
-the arguments' new state and any exception, as untrusted plain data (:mod:`.wire`). So
-the verdict is computed in this process, by the course's own check code and library,
-whatever the learner's code does to its own interpreter.
+The learner's kernel (:mod:`.runner`, in the sandbox) runs every code cell except the check
+cells. For each check cell the judge parses its one call ``check_x(name, ...)``, imports the
+real check function here and calls it with :class:`.remote.Remote` handles for the learner's
+globals, so the verdict is computed in this process by the course's own code, on plain data
+(:mod:`.wire`), whatever the learner's code does to its own interpreter. The whole submission
+shares one deadline (``timeout``): a cell or check that runs past it fails with one line, and
+later cells are not run.
 
-``python -m paged_kv_course.grading.judge`` reads a job (JSON) on stdin and writes the
-result (JSON) on stdout; the grader runs one such process per submission.
+``python -m paged_kv_course.grading.judge`` reads a job (JSON) on stdin and writes events
+(JSON lines) on stdout; :mod:`.judge_process` runs one such process per submission.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import io
 import json
 import os
-import pickle
 import select
 import signal
 import sys
@@ -28,82 +27,64 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _common, sandbox, wire
-from .check_cells import CheckCall, CheckCellError, imported_names, parse_check_cell
-from .remote import Caller, JudgeAbort, Refused, Remote, _first_line, library_errors, restore
+from . import probes, sandbox, wire
 from ._common import TaskNotWrittenError, not_written
+from .check_cells import CheckCall, CheckCellError, imported_names, parse_check_cell
+from .remote import Caller, CellError, JudgeAbort, Refused, Remote, _first_line
 
-__all__ = ["Caller", "CheckCall", "CheckCellError", "JudgeAbort", "Refused", "Remote", "Session", "imported_names",
-           "judge", "library_errors", "main", "parse_check_cell", "restore", "run_check"]
-
-RUNNER = sandbox.RUNNER
 INTERRUPT_GRACE_S = 3.0
-STARTUP_TIMEOUT_S = 120.0
-
-
-# ---------------------------------------------------------------------------------------
-# The connection to the learner's kernel
 
 
 class Session:
-    """The learner's kernel process and the request/reply conversation with it."""
+    """The learner's kernel process, one deadline for the whole submission, and the framed conversation."""
 
-    def __init__(self, spec: sandbox.SandboxSpec, mode: str) -> None:
+    def __init__(self, spec: sandbox.SandboxSpec, deadline: float) -> None:
         self.spec = spec
-        self.mode = mode
-        self.process = sandbox.start_kernel(spec, mode)
+        self.process = sandbox.start_kernel(spec)
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.write_fd = self.process.stdin.fileno()
-        self.read_fd = self.process.stdout.fileno()
-        self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        self.write_fd, self.read_fd = self.process.stdin.fileno(), self.process.stdout.fileno()
+        self.deadline = deadline
         self.dead = ""
 
-    def request(self, message: Any, timeout: Optional[float] = None) -> Tuple[Any, List[bytes]]:
-        """Send a request and wait for its reply (JSON document, blobs); the kernel interrupts itself when
-        its budget runs out (and says so), and a kernel that does not answer within a grace period is killed.
-        A reply over a size bound raises :class:`Refused` (the conversation goes on)."""
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def send(self, document: Dict[str, Any], blobs: List[bytes]) -> None:
         if self.dead:
             raise JudgeAbort(self.dead)
-        budget = (self.deadline - time.monotonic()) if timeout is None else timeout
-        if budget <= 0:
+        if self.left() <= 0:
             raise JudgeAbort("timed out")
+        document.setdefault("budget", self.left())
         try:
-            wire.send(self.write_fd, pickle.dumps((budget, message), protocol=4))
+            wire.send(self.write_fd, document, blobs)
         except OSError:
             self._died()
+
+    def receive(self) -> Tuple[Dict[str, Any], List[bytes]]:
+        """The kernel's next message, bounded, checked against the schema; the kernel is killed when it
+        does not answer within a grace period after the deadline."""
+        limit = self.deadline + INTERRUPT_GRACE_S
+
+        def wait() -> None:
+            remaining = limit - time.monotonic()
+            if remaining <= 0 or not select.select([self.read_fd], [], [], remaining)[0]:
+                raise TimeoutError
+
         try:
-            document, blobs = self._receive(time.monotonic() + budget + INTERRUPT_GRACE_S)
+            document, blobs = wire.receive(self.read_fd, wait)
+            wire.check_reply(document)
+            return document, blobs
         except TimeoutError:
             self.close()
-            self.dead = "not run: the kernel could not be interrupted after a timeout"
-            raise JudgeAbort("timed out; the kernel could not be interrupted, later cells cannot run") from None
-        if type(document) is not list or not document or type(document[0]) is not str:
-            raise Refused("the kernel sent a malformed reply")
-        if document[0] == "timeout":
-            raise JudgeAbort("timed out")
-        return document, blobs
-
-    def _receive(self, deadline: float) -> Tuple[Any, List[bytes]]:
-        def wait() -> None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([self.read_fd], [], [], remaining)
-            if not ready:
-                raise TimeoutError
-
-        try:
-            payload = wire.receive(self.read_fd, wait)
+            self.dead = "not run: the submission's time ran out"
+            raise JudgeAbort("timed out") from None
         except EOFError:
             self._died()
-        except wire.OversizeError as exc:
-            raise Refused(f"refused the learner's reply: {exc}") from None
-        try:
-            return wire.unpack_reply(payload)
         except wire.WireError as exc:
             raise Refused(f"refused the learner's reply: {exc}") from None
+        raise AssertionError("unreachable")
 
-    def _died(self) -> Any:
+    def _died(self) -> None:
         self.close()
         self.dead = "not run: the kernel died in an earlier cell"
         raise JudgeAbort("the kernel died while running this (a crash, or exit()/os._exit() in the code)")
@@ -112,32 +93,28 @@ class Session:
         sandbox.stop(self.process, self.spec)
 
 
-def run_check(check: CheckCall, session: Session, timeout: float) -> Tuple[bool, str, str]:
+def run_check(check: CheckCall, session: Session) -> Tuple[bool, str, str]:
     """Run one check against the learner's kernel: (passed, first line, detail)."""
     try:
         function = getattr(importlib.import_module(check.module), check.function)
     except (ImportError, AttributeError) as exc:
         return False, f"the grader cannot load {check.module}.{check.function}: {exc}", ""
     caller = Caller(session)
+    caller.names = {}  # type: ignore[attr-defined]
 
     def value(arg: Tuple[str, Any]) -> Any:
         kind, item = arg
         if kind == "value":
             return item
-        return _global(session, caller, item)
+        found = caller.request("global", None, item)
+        if type(found) is Remote:
+            caller.names[object.__getattribute__(found, "_key")] = item  # type: ignore[attr-defined]
+        return found
 
-    def probe(fn: Any, *args: Any) -> Any:
-        if any(type(a) is Remote for a in args):
-            return caller.probe(fn, args)
-        return fn(*args)
-
-    session.deadline = time.monotonic() + timeout
     previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout + 2 * INTERRUPT_GRACE_S + 5)
-    output = io.StringIO()
-    _common.PROBE_RUNNER = probe
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, session.left()) + 2 * INTERRUPT_GRACE_S)
     try:
-        with contextlib.redirect_stdout(output):
+        with contextlib.redirect_stdout(io.StringIO()):
             args = [value(a) for a in check.args]
             kwargs = {k: value(v) for k, v in check.kwargs}
             function(*args, **kwargs)
@@ -145,7 +122,7 @@ def run_check(check: CheckCall, session: Session, timeout: float) -> Tuple[bool,
         return False, _first_line(str(exc)) or type(exc).__name__, ""
     except TaskNotWrittenError as exc:
         return False, str(exc), ""
-    except NotImplementedError as exc:  # a check that calls learner code directly
+    except NotImplementedError as exc:
         return False, str(not_written(exc)), ""
     except AssertionError as exc:
         text = str(exc).strip() or "the check failed"
@@ -156,61 +133,62 @@ def run_check(check: CheckCall, session: Session, timeout: float) -> Tuple[bool,
         text = f"{type(exc).__name__}: {exc}"
         return False, _first_line(text), text
     finally:
-        _common.PROBE_RUNNER = None
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     return True, "", ""
 
 
-def _global(session: Session, caller: Caller, name: str) -> Any:
-    reply, blobs = session.request(("global", name))
-    if reply[0] == "ok" and len(reply) > 1:
-        return caller.decode(reply[1], blobs)
-    if reply[0] == "raised" and len(reply) > 3:
-        raise NameError(str(reply[3])[:300])
-    raise Refused("the kernel sent a malformed reply")
-
-
 def _alarm(signum: int, frame: Any) -> None:
-    raise JudgeAbort("timed out (the check itself ran too long)")
+    raise JudgeAbort("timed out")
 
 
-# ---------------------------------------------------------------------------------------
-# A whole notebook
+def jit_names(sources: List[str]) -> set:
+    """Functions the solution cells define under a ``@triton.jit`` (or ``@jit``) decorator: the source
+    text decides "is this a Triton kernel", never code in the learner's kernel."""
+    names = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and any(
+                    ast.unparse(d.func if isinstance(d, ast.Call) else d) in ("triton.jit", "jit")
+                    for d in node.decorator_list):
+                names.add(node.name)
+    return names
 
 
 Emit = Callable[[Dict[str, Any]], None]
 
 
 def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
-    """Run a job: ``cells`` (source, task, role, tags), ``timeout``, sandbox settings, ``exercise`` and
-    ``forbidden`` (the modules the kernel sees as stubs). Returns per-cell results; ``emit``, when given,
-    hears ``{"cell": i, "limit": s}`` before each cell and ``{"result": entry}`` after it (the grader
-    stops a judge whose cell runs past its limit)."""
-    mode = job.get("resolved_mode", "none")
-    spec = sandbox.SandboxSpec(
-        mode=mode, workdir=Path(job["workdir"]), hidden=[Path(p) for p in job.get("hidden", [])],
-        cpu_seconds=int(job.get("cpu_seconds", 600)), memory_bytes=int(job.get("memory_bytes", sandbox.DEFAULT_MEMORY_BYTES)),
-        exercise=str(job.get("exercise", "")), forbidden=tuple(str(m) for m in job.get("forbidden", ())),
-    )
+    """Run a job: ``cells`` (source, task, role, tags), ``timeout`` (seconds for the whole submission)
+    and the sandbox settings. Returns per-cell results; ``emit`` hears ``{"cell": i}`` before each cell
+    and ``{"result": entry}`` after it."""
     timeout = float(job["timeout"])
+    spec = sandbox.SandboxSpec(
+        mode=job.get("mode", "bwrap"), workdir=Path(job["workdir"]), hidden=[Path(p) for p in job.get("hidden", [])],
+        cpu_seconds=int(timeout) + 20, memory_bytes=int(job.get("memory_bytes", sandbox.DEFAULT_MEMORY_BYTES)))
     cells: List[Dict[str, Any]] = job["cells"]
-    trusted = [c["source"] for c in cells if c.get("role") != "solution"]
-    known = imported_names(trusted)
-    results: List[Dict[str, Any]] = []
+    known = imported_names([c["source"] for c in cells if c.get("role") != "solution"])
+    probes.JIT_NAMES = jit_names([c["source"] for c in cells if c.get("role") == "solution"])
     tell: Emit = emit or (lambda event: None)
-    tell({"cell": -1, "limit": STARTUP_TIMEOUT_S + 60})
-    session = Session(spec, mode)
-    _preload_checks(cells, known)
+    tell({"cell": -1})
+    session = Session(spec, time.monotonic() + timeout)
     _load_hidden_cases(cells)
+    results: List[Dict[str, Any]] = []
     try:
         try:
-            session.request(("ping",), timeout=STARTUP_TIMEOUT_S)
+            Caller(session).request("ping")
         except (JudgeAbort, Refused) as exc:
-            return {"results": [], "error": f"the learner's kernel did not start: {exc}", "limits": spec.applied}
+            why = "the submission's time ran out" if "timed out" in str(exc) else str(exc)
+            return {"results": [], "error": f"the learner's kernel did not start: {why}", "limits": spec.applied}
         for index, cell in enumerate(cells):
-            tell({"cell": index, "limit": timeout + 2 * INTERRUPT_GRACE_S + 10})
+            tell({"cell": index})
             entry = _run_cell(index, cell, session, known, timeout)
+            # learner text reaches reports, gradebooks and Gradescope from here: no control characters
+            entry["line"], entry["detail"] = wire.escape(entry["line"]), wire.escape(entry["detail"], limit=20000)
             results.append(entry)
             tell({"result": entry})
     finally:
@@ -224,62 +202,38 @@ def _run_cell(index: int, cell: Dict[str, Any], session: Session, known: Dict[st
     entry: Dict[str, Any] = {"index": index, "outcome": "passed", "line": "", "detail": ""}
     if "nbval-skip" in tags:
         entry["outcome"] = "skipped"
-    elif cell.get("role") == "check":
-        if session.dead:
-            entry.update(outcome="failed", line=session.dead)
-        else:
-            try:
-                ok, line, detail = run_check(parse_check_cell(cell["source"], known), session, timeout)
-            except CheckCellError as exc:
-                ok, line, detail = False, f"the pristine check cell cannot be judged: {exc}", ""
-            if not ok:
-                entry.update(outcome="failed", line=line, detail=detail)
-    elif session.dead:
-        entry.update(outcome="failed", line=session.dead)
-    else:
+        return entry
+    if session.dead or session.left() <= 0:
+        entry.update(outcome="failed", line=session.dead or "not run: the submission's time ran out")
+        return entry
+    if cell.get("role") == "check":
         try:
-            reply, _ = session.request(("exec", cell["source"]), timeout=timeout)
-            if reply[0] != "ok" and "raises-exception" not in tags:
-                text = _clean(str(reply[3]))
-                entry.update(outcome="failed", line=_first_line(text) or str(reply[2]), detail=text)
-        except (JudgeAbort, Refused) as exc:
-            line = str(exc)
-            if line.startswith("timed out"):
-                line = f"timed out: the cell ran longer than {timeout:g} s (an endless loop?)" + (
-                    "; the kernel could not be interrupted, later cells cannot run" if session.dead else "")
-            entry.update(outcome="failed", line=line)
-        except (IndexError, TypeError):
-            entry.update(outcome="failed", line="the kernel sent a malformed reply")
+            ok, line, detail = run_check(parse_check_cell(cell["source"], known), session)
+        except CheckCellError as exc:
+            ok, line, detail = False, f"the pristine check cell cannot be judged: {exc}", ""
+        if line.startswith("timed out"):
+            line = f"timed out: the submission ran past its limit of {timeout:g} s (in this check)"
+        if not ok:
+            entry.update(outcome="failed", line=line, detail=detail)
+        return entry
+    try:
+        Caller(session).request("exec", None, cell["source"])
+    except (JudgeAbort, Refused) as exc:
+        line = str(exc)
+        if line.startswith("timed out"):
+            line = f"timed out: the submission ran past its limit of {timeout:g} s (in this cell: an endless loop?)"
+        entry.update(outcome="failed", line=line)
+    except CellError as exc:  # the cell's own error, as the kernel reported it
+        if "raises-exception" not in tags:
+            kind, text = exc.raised[1], wire.escape(exc.raised[2])
+            if kind in ("SyntaxError", "IndentationError", "TabError"):
+                text = f"a syntax error: {_first_line(text)}"
+            entry.update(outcome="failed", line=_first_line(text) or wire.escape(kind), detail=text)
     return entry
 
 
-def _preload_checks(cells: List[Dict[str, Any]], known: Dict[str, Tuple[str, str]]) -> None:
-    """Import the check modules in a background thread while the kernel starts and runs the first
-    cells (both import torch: done at once, not one after the other)."""
-    import threading
-
-    modules = set()
-    for cell in cells:
-        if cell.get("role") == "check":
-            try:
-                check = parse_check_cell(cell["source"], known)
-            except CheckCellError:
-                continue
-            modules.add((check.module, check.function))
-
-    def load() -> None:
-        for module, function in sorted(modules):
-            try:
-                getattr(importlib.import_module(module), function)
-            except Exception:  # noqa: BLE001 - the check cell reports it when it runs
-                pass
-
-    threading.Thread(target=load, name="preload-checks", daemon=True).start()
-
-
 def _load_hidden_cases(cells: List[Dict[str, Any]]) -> None:
-    """Load the hidden-case files the job's hidden check cells import (while the kernel starts); a file
-    that does not load fails its cases' cells with the import error."""
+    """Load the hidden-case files the job's hidden check cells import; one that does not load fails its cells."""
     from . import hidden
 
     for cell in cells:
@@ -290,13 +244,8 @@ def _load_hidden_cases(cells: List[Dict[str, Any]]) -> None:
                 pass
 
 
-def _clean(text: str) -> str:
-    return "".join(ch for ch in text if ch == "\n" or ch == "\t" or ch.isprintable())[:4000]
-
-
 def main() -> int:
-    """Read a job on stdin; write one JSON line per event on stdout (the only thing written there),
-    the last one ``{"done": ...}`` with the whole result."""
+    """Read a job on stdin; write one JSON line per event on stdout, the last ``{"done": ...}``."""
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     sys.stdout = open(os.devnull, "w")
@@ -316,7 +265,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # Run the module by its own name, not as __main__, so its classes carry their module's name.
-    from paged_kv_course.grading import judge as _judge
+    from paged_kv_course.grading import judge as _judge  # by its own name, not as __main__
 
     sys.exit(_judge.main())

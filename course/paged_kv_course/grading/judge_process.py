@@ -1,8 +1,8 @@
 """Running the judge (:mod:`.judge`) as a bounded process of its own, and reading its events.
 
-The judge tells this process when each cell starts; a cell that outlives its limit gets
-the judge killed (that cell fails with one line, the later ones are not run), and a judge
-that crashes or is killed is one line too, never a traceback.
+The whole submission has one time limit. The judge stops itself at it; should it not (a check
+stuck in a C call), this process kills it a little later: the cell it was running fails with
+one line, the later ones are not run. A judge that crashes or is killed is one line too.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import sandbox
-from ._common import DEFAULT_CELL_TIMEOUT_S
-
-KERNEL_STARTUP_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = 300.0
+KERNEL_STARTUP_TIMEOUT_S = 120.0  # kept for callers that size their own waits
 
 
 class GradingError(RuntimeError):
@@ -33,28 +32,19 @@ class GradingError(RuntimeError):
 def run_judge(
     cells: List[dict],
     workdir: Path,
-    cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
+    timeout: float = DEFAULT_TIMEOUT_S,
     sandbox_mode: str = "auto",
     hidden: Sequence[Path] = (),
-    exercise: str = "",
-    forbidden: Sequence[str] = (),
 ) -> Tuple[Dict[int, dict], str]:
-    """Run the judge (:mod:`.judge`) in its own bounded process; per-cell results by code-cell number, and
-    the note on isolation and limits.
-
-    The judge tells this process when each cell starts; a cell that outlives its limit (a check stuck
-    in a C call, say) gets the judge killed: that cell fails with one line, the later ones are not run.
-    A judge that crashes or is killed is one line too, never a traceback."""
+    """Run the judge in its own bounded process, ``timeout`` seconds for the whole submission; per-cell
+    results by code-cell number, and the note on isolation and limits. Raises
+    :class:`.sandbox.SandboxUnavailableError` where there is no sandbox and none was not asked for."""
     resolved = sandbox.resolve_mode(sandbox_mode)
-    note = "" if resolved == "bwrap" else sandbox.NOT_ISOLATED.format(
-        reason="--sandbox none" if sandbox_mode == "none" else sandbox.bwrap_problem())
+    note = "" if resolved == "bwrap" else sandbox.NOT_ISOLATED
     workdir.mkdir(parents=True, exist_ok=True)
-    job = {
-        "cells": cells, "timeout": cell_timeout, "workdir": str(workdir), "resolved_mode": resolved,
-        "hidden": [str(h) for h in hidden], "exercise": exercise, "forbidden": list(forbidden),
-        "cpu_seconds": int(KERNEL_STARTUP_TIMEOUT_S + len(cells) * (cell_timeout + 5)),
-    }
-    budget = KERNEL_STARTUP_TIMEOUT_S + 30 + len(cells) * (cell_timeout + 15)
+    job = {"cells": cells, "timeout": timeout, "workdir": str(workdir), "mode": resolved,
+           "hidden": [str(h) for h in hidden]}
+    budget = timeout + 30
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     if env.get("PYTHONPATH"):  # the kernel runs in workdir: relative entries would point elsewhere
         env["PYTHONPATH"] = os.pathsep.join(
@@ -69,7 +59,7 @@ def run_judge(
             preexec_fn=_judge_limits(int(budget)),
         )
     try:
-        events = _watch(process, time.monotonic() + budget)
+        events = _watch(process, time.monotonic() + budget, timeout)
     finally:
         _kill_group(process)
         process.wait()
@@ -115,21 +105,19 @@ def _judge_limits(cpu_seconds: int) -> Callable[[], None]:
     return apply
 
 
-def _watch(process: "subprocess.Popen[bytes]", overall: float) -> List[dict]:
-    """The judge's events, read as they come; kills it when the cell it runs (or the whole job) is late."""
+def _watch(process: "subprocess.Popen[bytes]", overall: float, timeout: float) -> List[dict]:
+    """The judge's events, read as they come; kills it when the whole submission is late."""
     assert process.stdout is not None
     fd = process.stdout.fileno()
     events: List[dict] = []
     buffer = b""
-    deadline = overall
     while True:
-        remaining = min(deadline, overall) - time.monotonic()
+        remaining = overall - time.monotonic()
         if remaining <= 0:
-            events.append({"stopped": f"timed out: the grader stopped the judge after this ran past its limit "
-                                      f"({'the whole notebook' if deadline >= overall else 'a check or a reply that would not end'})"})
+            events.append({"stopped": f"timed out: the submission ran past its limit of {timeout:g} s "
+                                      "(the grader stopped the judge)"})
             return events
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
+        if not select.select([fd], [], [], remaining)[0]:
             continue
         chunk = os.read(fd, 1 << 16)
         if not chunk:
@@ -144,15 +132,10 @@ def _watch(process: "subprocess.Popen[bytes]", overall: float) -> List[dict]:
                 event = json.loads(raw)
             except ValueError:
                 continue
-            if type(event) is not dict:
-                continue
-            events.append(event)
-            if "cell" in event:
-                deadline = time.monotonic() + float(event.get("limit", 60))
-            elif "result" in event:
-                deadline = overall
-            elif "done" in event:
-                return events
+            if type(event) is dict:
+                events.append(event)
+                if "done" in event:
+                    return events
 
 
 def _exit_reason(code: Optional[int]) -> str:

@@ -1,21 +1,22 @@
-"""The judge's stand-ins for a learner's objects, and the calls that go through them.
+"""The judge's side of the conversation with the learner's kernel: requests out, plain data back.
 
-A :class:`Remote` stands for an object that stays in the learner's kernel: a call on it
-sends its arguments into the kernel (pickled by :class:`Caller`), runs the learner's code
-there and brings back the result, the arguments' new state and any exception, as
-untrusted plain data (:mod:`.wire`); :func:`restore` gives the check's own arguments the
-state the learner's call left their copies in. :func:`paged_kv_course.stand_in.is_stand_in`
-is how other code asks whether a value is one of these.
+A :class:`Remote` stands for an object that stays in the kernel (an integer handle): a call on
+it sends a request made of plain data (:mod:`.wire`), and the reply, checked against
+:data:`.wire.REPLY_SCHEMA`, is decoded into plain values, new handles, or the name of an
+exception. No class is ever rebuilt from a reply: a learner's class that calls itself a
+course starter is a handle like any other. What the check hands to the learner's code goes
+as data (tensors included), as a library object by value (its new attributes come back as
+data, written onto the judge's own object), or, for anything else (instruments, spies, the
+model of 05.3), as an object the judge *serves*: the kernel's uses of it come back here as
+requests (``callback``), so its record is kept where the learner's code cannot reach it.
 """
 
 from __future__ import annotations
 
 import builtins
-import io
-import pickle
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import stubs, wire, wire_decode
+from . import wire
 
 
 class JudgeAbort(BaseException):
@@ -24,89 +25,128 @@ class JudgeAbort(BaseException):
 
 
 class Refused(BaseException):
-    """A reply the judge does not accept (over a bound, not plain data) or a use of a stubbed module:
-    the check fails with this one line, and the kernel stays usable (not an ``Exception``, so a
-    check's ``except Exception`` never turns it into another message)."""
+    """A reply the judge does not accept (over a bound, outside the schema): the check fails with this
+    one line (not an ``Exception``, so no check turns it into another message)."""
 
 
+class CellError(Exception):
+    """A notebook cell raised in the kernel: ``raised`` is (module, type name, the formatted error)."""
 
-class _Pickler(pickle.Pickler):
-    def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is Remote:
-            return ("handle", object.__getattribute__(obj, "_key"))
-        return None
-
-
-def _dumps(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    try:
-        _Pickler(buffer, protocol=4).dump(value)
-    except Exception as exc:  # noqa: BLE001 - a check that passes something unpicklable is a check bug
-        raise TypeError(f"the judge cannot send a {type(value).__name__} to the learner's code: {exc}") from exc
-    return buffer.getvalue()
+    def __init__(self, raised: List[str]) -> None:
+        super().__init__(raised[2])
+        self.raised = raised
 
 
-_BUILTIN_EXCEPTIONS = {
-    name: value for name, value in vars(builtins).items()
-    if isinstance(value, type) and issubclass(value, Exception)
-}
+class Attrs(dict):
+    """The attributes a call left on a library object the judge sent by value (the judge's own type)."""
+
+
+_BUILTIN_EXCEPTIONS = {n: v for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, Exception)}
 
 
 def library_errors() -> Dict[str, type]:
     """The library's error classes by name (those ``paged_kv_lib.errors`` defines)."""
     from paged_kv_lib import errors
 
-    return {name: value for name, value in vars(errors).items()
-            if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
+    return {n: v for n, v in vars(errors).items()
+            if isinstance(v, type) and issubclass(v, Exception) and v.__module__ == errors.__name__}
+
+
+_SERVED_BUILTINS: Dict[str, Callable[..., Any]] = {
+    "len": len, "repr": repr, "bool": bool, "list": list, "contains": lambda o, i: i in o,
+    "getitem": lambda o, k: o[k], "setitem": lambda o, k, v: o.__setitem__(k, v), "eq": lambda o, x: o == x,
+}
 
 
 class Caller:
-    """Makes the kernel requests of one check and turns replies into values, errors and argument updates."""
+    """One check's requests to the kernel, and the objects the judge serves to it meanwhile."""
 
-    def __init__(self, session: Any) -> None:  # a judge.Session
+    def __init__(self, session: Any) -> None:  # a judge.Session: send(document, blobs), receive()
         self.session = session
+        self.served: Dict[int, Any] = {}
+        self.served_keys: Dict[int, int] = {}
+
+    # -- encoding ------------------------------------------------------------------------
+
+    def other(self, encoder: wire.Encoder, value: Any) -> Any:
+        if type(value) is Remote:
+            return {"h": [object.__getattribute__(value, "_key"), ""]}
+        if wire.is_library_object(value):
+            kind = type(value)
+            return {"o": [kind.__module__, kind.__qualname__, encoder.attrs(value)]}
+        key = self.served_keys.get(id(value))
+        if key is None:
+            key = len(self.served)
+            self.served[key], self.served_keys[id(value)] = value, key
+        return {"j": key}
 
     def decode(self, data: Any, blobs: List[bytes]) -> Any:
+        def served(decoder: wire.Decoder, key: Any) -> Any:
+            if type(key) is not int or key not in self.served:
+                raise wire.WireError("a reference to nothing the judge lent")
+            return self.served[key]
+
+        tags = {"h": lambda d, body: Remote(self, body[0], body[1]), "j": served,
+                "a": lambda d, body: Attrs((name, d.decode(v, 1)) for name, v in body)}
         try:
-            return wire_decode.Decoder(lambda key, kind: Remote(self, key, kind), blobs).decode(data)
+            return wire.Decoder(blobs, tags).decode(data)
         except wire.WireError as exc:
             raise Refused(f"refused the learner's reply: {exc}") from None
 
-    def request(self, op: str, ref: Any, args: Tuple[Any, ...] = (), kwargs: Optional[Dict[str, Any]] = None) -> Any:
+    # -- the conversation ----------------------------------------------------------------
+
+    def request(self, op: str, target: Optional[int] = None, name: str = "", args: Tuple[Any, ...] = (),
+                kwargs: Optional[Dict[str, Any]] = None, keep: bool = False) -> Any:
+        """Send one request; serve the kernel's callbacks until its reply; the value, or the learner's error."""
         kwargs = kwargs or {}
-        message = (op, ref, [_dumps(a) for a in args], {k: _dumps(v) for k, v in kwargs.items()})
-        reply, blobs = self.session.request(message)
-        error: Optional[BaseException] = None
+        encoder = wire.Encoder(self.other)
+        message = {"op": op, "target": target, "name": name, "keep": keep,
+                   "args": [encoder.encode(a) for a in args], "kwargs": [[k, encoder.encode(v)] for k, v in kwargs.items()]}
+        self.session.send(message, encoder.blobs)
+        while True:
+            reply, blobs = self.session.receive()
+            if "callback" not in reply:
+                break
+            self.serve(reply["callback"], blobs)
+        if "timeout" in reply:
+            raise JudgeAbort("timed out")
+        for key, state in reply.get("changed", []):
+            original = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key)
+            restore(original, self.decode(state, blobs))
+        if "ok" in reply:
+            return self.decode(reply["ok"], blobs)
+        if op == "exec":
+            raise CellError(reply["raised"])
+        raise self.exception(reply["raised"])
+
+    def serve(self, call: Dict[str, Any], blobs: List[bytes]) -> None:
+        """Do what the learner's code asked of an object the judge lent it, and answer with data."""
+        encoder = wire.Encoder(self.other)
         try:
-            status = reply[0]
-            changed = reply[4] if status == "raised" else reply[2]
-            for key, state in changed:
-                original = args[key] if type(key) is int else kwargs[key]
-                restore(original, self.decode(state, blobs))
-            if status == "ok":
-                return self.decode(reply[1], blobs)
-            if status != "raised":
-                raise ValueError(f"unknown reply {status!r}")
-            error = self.exception(reply)
-        except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise Refused(f"the kernel sent a malformed reply ({type(exc).__name__})") from None
-        raise error
+            target = self.served[call["target"]]
+            name = call.get("name", "")
+            args = [self.decode(a, blobs) for a in call.get("args", [])]
+            kwargs = {k: self.decode(v, blobs) for k, v in call.get("kwargs", [])}
+            if call["op"] == "getattr":
+                private = getattr(type(target), "__paged_kv_private__", ())
+                if name.startswith("_") or name in private:
+                    raise AttributeError(f"the grader does not lend the attribute {name!r}")
+                value = getattr(target, name)
+            elif call["op"] == "builtin":
+                value = _SERVED_BUILTINS[name](target, *args)
+            else:
+                value = target(*args, **kwargs)
+            answer: Dict[str, Any] = {"op": "answer", "ok": encoder.encode(value)}
+        except (JudgeAbort, Refused):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the learner's misuse of a lent object is their error
+            encoder = wire.Encoder(self.other)
+            answer = {"op": "answer", "raised": [type(exc).__name__, str(exc)[:2000]]}
+        self.session.send(answer, encoder.blobs)
 
-    def probe(self, function: Any, args: Tuple[Any, ...]) -> Any:
-        """Run a probe of :mod:`.probes` in the kernel, on the learner's objects; its answer, decoded as data."""
-        message = ("probe", str(function.__name__), [_dumps(a) for a in args])
-        reply, blobs = self.session.request(message)
-        if reply[0] == "raised":
-            raise self.exception(reply)
-        if reply[0] != "ok" or len(reply) < 2:
-            raise Refused(f"the probe {function.__name__} sent back a malformed reply")
-        return self.decode(reply[1], blobs)  # untrusted data, bounded and class-free like every reply
-
-    def exception(self, reply: List[Any]) -> BaseException:
-        """The learner's exception, rebuilt by name: a builtin or a library error, else RuntimeError."""
-        module, qualname, message = str(reply[1])[:200], str(reply[2])[:200], str(reply[3])[:4000]
-        if qualname == stubs.ERROR_NAME:
-            raise Refused(_first_line(message) or message)
+    def exception(self, raised: List[str]) -> BaseException:
+        """The learner's exception, by name: a builtin or a library error, else RuntimeError."""
+        module, qualname, message = raised
         cls: Optional[type] = None
         if module == "builtins":
             cls = _BUILTIN_EXCEPTIONS.get(qualname)
@@ -116,51 +156,32 @@ class Caller:
             return RuntimeError(f"{qualname}: {message}")
         created: Any = BaseException.__new__(cls)
         created.args = (message,)
-        for pair in (reply[5] if len(reply) > 5 and type(reply[5]) is list else []):
-            if type(pair) is list and len(pair) == 2 and type(pair[0]) is str and pair[0].isidentifier() \
-                    and not pair[0].startswith("_") and type(pair[1]) in (int, float, bool, str, type(None)):
-                setattr(created, pair[0], pair[1])
         return created
 
 
 def restore(original: Any, new: Any) -> None:
-    """Give ``original`` (the check's object) the state ``new`` the learner's call left its copy in."""
+    """Give the check's own ``original`` the state the learner's call left its copy in."""
     kind = type(original)
-    if wire.is_mutable_kind(original) and kind.__name__ == "Tensor":
-        if type(new) is kind and new.dtype == original.dtype and new.shape == original.shape:
+    if kind.__name__ == "Tensor" and type(new) is kind:
+        if new.dtype == original.dtype and new.shape == original.shape:
             original.copy_(new)
-        elif type(new) is kind:
+        else:
             original.data = new
-        return
-    if kind is list and type(new) is list:
-        original[:] = new
-    elif kind is dict and type(new) is dict:
+    elif kind in (list, dict, set) and type(new) is kind or kind.__name__ == "deque" and type(new) is kind:
         original.clear()
-        original.update(new)
-    elif kind is set and type(new) is set:
-        original.clear()
-        original.update(new)
-    elif kind.__name__ == "deque" and type(new) is kind:
-        original.clear()
-        original.extend(new)
-    elif kind is type(new) and kind.__module__.startswith(("paged_kv_lib", "paged_kv_course")):
-        names = set(wire._slot_names(kind)) | set(getattr(original, "__dict__", {}))
-        for name in names:
-            if hasattr(original, name) and not hasattr(new, name):
-                object.__delattr__(original, name)
-        for name in set(wire._slot_names(kind)) | set(getattr(new, "__dict__", {})):
-            if not hasattr(new, name):
-                continue
-            value = getattr(new, name)
+        original.extend(new) if kind is list or kind.__name__ == "deque" else original.update(new)
+    elif type(new) is Attrs and wire.is_library_object(original):
+        for name, value in new.items():
             old = getattr(original, name, None)
-            if old is not None and type(old) is type(value) and (wire.is_mutable_kind(old)):
+            if type(value) is Attrs or (type(old) is type(value) and type(old).__name__ in ("list", "dict", "set",
+                                                                                             "deque", "Tensor")):
                 restore(old, value)
             else:
                 object.__setattr__(original, name, value)
 
 
 class Remote:
-    """A learner's object that stays in the kernel: calls, attribute reads and builtins are forwarded."""
+    """A learner's object that stays in the kernel: calls, attribute reads and builtins are requests."""
 
     __slots__ = ("_caller", "_key", "_kind")
     __paged_kv_stand_in__ = True  # read by paged_kv_course.stand_in (on the class: never forwarded)
@@ -170,12 +191,13 @@ class Remote:
         object.__setattr__(self, "_key", key)
         object.__setattr__(self, "_kind", kind)
 
-    def _ask(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        caller = object.__getattribute__(self, "_caller")
-        return caller.request(op, ("handle", object.__getattribute__(self, "_key")), args, kwargs)
+    def _ask(self, op: str, attr: str = "", args: Tuple[Any, ...] = (), kwargs: Optional[Dict[str, Any]] = None,
+             keep: bool = False) -> Any:
+        return object.__getattribute__(self, "_caller").request(op, object.__getattribute__(self, "_key"), attr,
+                                                                 args, kwargs, keep)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._ask("call", *args, **kwargs)
+        return self._ask("call", "", args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
@@ -183,52 +205,46 @@ class Remote:
         return self._ask("getattr", name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        self._ask("setattr", name, value)
+        self._ask("setattr", name, (value,))
 
-    def _builtin(self, name: str, *args: Any) -> Any:
-        return self._ask("builtin", name, *args)
+    def _typed(self, name: str, kind: type, *args: Any) -> Any:
+        value = self._ask("builtin", name, args)
+        if type(value) is not kind:
+            raise TypeError(f"{name}() of the learner's object did not give a {kind.__name__}")
+        return value
 
     def __len__(self) -> int:
-        value = self._builtin("len")
-        if type(value) is not int:
-            raise TypeError("len() of the learner's object did not give an int")
-        return value
+        return self._typed("len", int)
 
     def __bool__(self) -> bool:
-        value = self._builtin("bool")
-        if type(value) is not bool:
-            raise TypeError("bool() of the learner's object did not give a bool")
-        return value
+        return self._typed("bool", bool)
 
     def __repr__(self) -> str:
-        value = self._builtin("repr")
+        value = self._ask("builtin", "repr")
         return value[:2000] if type(value) is str else f"<{object.__getattribute__(self, '_kind')}>"
 
     def __str__(self) -> str:
-        value = self._builtin("str")
+        value = self._ask("builtin", "str")
         return value[:2000] if type(value) is str else repr(self)
 
     def __iter__(self) -> Any:
-        value = self._builtin("list")
-        if type(value) is not list:
-            raise TypeError("iterating the learner's object did not give values")
-        return iter(value)
+        return iter(self._typed("list", list))
 
     def __contains__(self, item: Any) -> bool:
-        return self._builtin("contains", item) is True
+        return self._ask("builtin", "contains", (item,)) is True
 
     def __getitem__(self, key: Any) -> Any:
-        return self._builtin("getitem", key)
+        return self._ask("builtin", "getitem", (key,))
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._builtin("setitem", key, value)
+        self._ask("builtin", "setitem", (key, value))
 
     def __delitem__(self, key: Any) -> None:
-        self._builtin("delitem", key)
+        self._ask("builtin", "delitem", (key,))
 
     def __eq__(self, other: Any) -> bool:
-        # Identity only: an object that stays in the kernel never equals the grader's data, whatever
-        # its own __eq__ claims (an "int equal to everything" arrives here as such an object).
+        # Identity only: an object that stays in the kernel never equals the judge's data, whatever its
+        # own __eq__ claims (an "int equal to everything" arrives as such an object).
         return type(other) is Remote and object.__getattribute__(other, "_key") == object.__getattribute__(self, "_key")
 
     def __ne__(self, other: Any) -> bool:
@@ -239,7 +255,4 @@ class Remote:
 
 
 def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -1,30 +1,26 @@
-"""The learner's side of the judge: runs notebook cells and serves calls on the learner's objects.
+"""The learner's kernel: runs notebook cells and serves the judge's plain-data requests.
 
-The grader starts this program (inside the sandbox when there is one) with two pipes.
-It runs code cells in an IPython shell, as a notebook kernel would, and answers
-requests: look up a global, call something, read or set an attribute, apply a builtin
-(``len``, ``repr``, indexing...), run a probe (:mod:`.probes`) on the learner's objects.
-Replies are plain data (JSON and byte blobs, see :mod:`.wire`); objects that are not data
-stay here behind numbered handles.
+The grader starts this program (inside the sandbox) with two pipes. It runs code cells in
+an IPython shell, as a notebook kernel would, and answers requests made of plain data
+(:mod:`.wire`): look up a global, call something, read or set an attribute, apply a
+builtin (``len``, indexing...). Objects that are not data stay here behind integer handles
+(one handle per object, so equal handles are one object: how the judge sees aliasing).
+An object the judge serves (an instrument, a spy, the model of 05.3) is a :class:`_Served`
+here: using it asks the judge, which does the work and keeps the record.
 
-Nothing here is trusted: the learner's code runs in this process and may change any of
-it. The grader therefore treats every reply as untrusted data and computes the verdict
-itself.
-
-Run as a file (``python runner.py``), not as ``-m``: it loads ``wire.py``, ``stubs.py`` and
-``probes.py`` from its own folder by path, so the grading package and its checks are
-never imported here (in the sandbox they are stubs).
+Nothing here is trusted: the learner's code runs in this process and may change any of it,
+so the judge reads every reply as untrusted data and decides itself. Run as a file; it
+loads ``wire.py`` from its own folder by path and imports nothing of the grader.
 """
 
 from __future__ import annotations
 
-import io
+import importlib
 import os
-import pickle
 import signal
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 _CLONE_NEWUSER = 0x10000000
 _PR_SET_DUMPABLE = 4
@@ -55,176 +51,248 @@ def _drop_root() -> None:
 _drop_root()
 _here = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0] or ".") == _here:
-    sys.path.pop(0)  # this folder's modules must not shadow the learner's imports
+    sys.path.pop(0)  # this folder's files must not shadow the learner's imports
 
 
-def _load(name: str) -> Any:
-    """A module of this folder, loaded by path (the grading package itself is not importable here)."""
+def _load_wire() -> Any:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"paged_kv_grading_{name}", os.path.join(_here, f"{name}.py"))
+    spec = importlib.util.spec_from_file_location("paged_kv_wire", os.path.join(_here, "wire.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-wire = _load("wire")
-stubs = _load("stubs")
-probes = _load("probes")
-
+wire = _load_wire()
 MAX_TEXT = 4000
+BUILTINS: Dict[str, Callable[..., Any]] = {
+    "len": len, "repr": repr, "str": str, "bool": bool, "list": list, "id": id,
+    "contains": lambda obj, item: item in obj, "getitem": lambda obj, key: obj[key],
+    "setitem": lambda obj, key, value: obj.__setitem__(key, value), "delitem": lambda obj, key: obj.__delitem__(key),
+    "eq": lambda obj, other: obj == other, "append": lambda obj, item: obj.append(item),
+    "pop": lambda obj: obj.pop(),
+}
+SERVER: Any = None
+
+
+class _Served:
+    """An object the judge serves: every use is a request to the judge, answered with plain data."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: int) -> None:
+        object.__setattr__(self, "_key", key)
+
+    def _ask(self, op: str, name: str = "", *args: Any, **kwargs: Any) -> Any:
+        return SERVER.callback(op, object.__getattribute__(self, "_key"), name, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return self._ask("getattr", name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("an object the grader lends cannot be changed this way")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ask("call", "", *args, **kwargs)
+
+    def __len__(self) -> int:
+        return self._ask("builtin", "len")
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._ask("builtin", "getitem", key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._ask("builtin", "setitem", key, value)
+
+    def __iter__(self) -> Any:
+        return iter(self._ask("builtin", "list"))
+
+    def __contains__(self, item: Any) -> bool:
+        return self._ask("builtin", "contains", item)
+
+    def __repr__(self) -> str:
+        return self._ask("builtin", "repr")
+
+    def __bool__(self) -> bool:
+        return self._ask("builtin", "bool")
+
+    def __eq__(self, other: Any) -> bool:
+        return self._ask("builtin", "eq", other)
+
+    __hash__ = object.__hash__
 
 
 class _Server:
     def __init__(self, read_fd: int, write_fd: int) -> None:
-        self.read_fd = read_fd
-        self.write_fd = write_fd
-        self.handles: Dict[int, Any] = {}
-        self.encoder = wire.Encoder(self.handles)
         from IPython.core.interactiveshell import InteractiveShell
 
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self.handles: Dict[int, Any] = {}
+        self.keys: Dict[int, int] = {}
+        self.by_value: Dict[int, Any] = {}
         self.shell = InteractiveShell.instance(colors="nocolor")
         self.ns = self.shell.user_ns
         self.fired = False
 
-    # -- replies -----------------------------------------------------------------------
+    # -- values ------------------------------------------------------------------------
 
-    def reply(self, message: Any) -> None:
-        try:
-            payload = self.encoder.reply(message)
-        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
-            payload = self.encoder.reply(["raised", "builtins", "ValueError",
-                                          f"the value cannot be sent to the grader ({type(exc).__name__})", []])
-        wire.send(self.write_fd, payload)
+    def handle(self, value: Any) -> int:
+        key = self.keys.get(id(value))
+        if key is None or self.handles.get(key) is not value:
+            key = len(self.handles) + 1
+            self.handles[key], self.keys[id(value)] = value, key
+        return key
 
-    def encoded(self, value: Any) -> Any:
-        return self.encoder.encode(value)
+    def other(self, encoder: Any, value: Any) -> Any:
+        if type(value) is _Served:
+            return {"j": object.__getattribute__(value, "_key")}
+        if self.by_value.get(id(value)) is value:
+            return {"a": encoder.attrs(value)}
+        kind = type(value)
+        return {"h": [self.handle(value), f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}"[:200]]}
 
-    # -- requests ----------------------------------------------------------------------
+    def send(self, document: Any, encoder: Any = None) -> None:
+        wire.send(self.write_fd, document, encoder.blobs if encoder is not None else [])
+
+    def encoder(self) -> Any:
+        return wire.Encoder(self.other)
+
+    def decode(self, value: Any, blobs: List[bytes]) -> Any:
+        tags = {"h": lambda d, body: self.handles[body[0]], "j": lambda d, body: _Served(int(body)),
+                "o": self.rebuild}
+        return wire.Decoder(blobs, tags).decode(value)
+
+    def rebuild(self, decoder: Any, body: Any) -> Any:
+        """A library object the judge sent by value (the kernel may rebuild classes; the judge never does)."""
+        module, qualname, state = body
+        if not module.startswith(wire.LIBRARY):
+            raise ValueError(f"not a library class: {module}")
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        obj = cls.__new__(cls)
+        for name, value in state:
+            object.__setattr__(obj, name, decoder.decode(value, 1))
+        self.by_value[id(obj)] = obj
+        return obj
+
+    # -- the conversation --------------------------------------------------------------
 
     def serve(self) -> None:
         signal.signal(signal.SIGALRM, self._alarm)
         while True:
             try:
-                budget, request = pickle.loads(wire.receive(self.read_fd))
+                request, blobs = wire.receive(self.read_fd)
             except KeyboardInterrupt:
-                continue  # an interrupt that arrived after its request ended
+                continue
             except EOFError:
                 return
             self.fired = False
+            encoder = self.encoder()
             try:
-                signal.setitimer(signal.ITIMER_REAL, max(0.001, budget))
+                signal.setitimer(signal.ITIMER_REAL, max(0.001, float(request.get("budget", 60))))
                 try:
-                    answer = self.handle(request)
+                    answer = self.answer(request, blobs, encoder)
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except KeyboardInterrupt:
-                answer = ["raised", "builtins", "KeyboardInterrupt", "interrupted", []]
-            except RecursionError:
-                answer = ["raised", "builtins", "RecursionError", "the value is nested too deeply to send", []]
-            except Exception as exc:  # noqa: BLE001 - e.g. an argument that cannot be rebuilt here: the check fails, the kernel lives
-                answer = ["raised", type(exc).__module__, type(exc).__qualname__, _text(exc), []]
-            if self.fired:
-                answer = ["timeout"]
-            self.reply(answer)
+                answer = {"raised": ["builtins", "KeyboardInterrupt", "interrupted"]}
+            except Exception as exc:  # noqa: BLE001 - the value cannot be sent: the check fails, the kernel lives
+                encoder = self.encoder()
+                answer = {"raised": ["builtins", "ValueError", f"the value cannot be sent to the grader "
+                                                               f"({type(exc).__name__})"]}
+            self.send({"timeout": True} if self.fired else answer, encoder)
 
     def _alarm(self, signum: int, frame: Any) -> None:
         self.fired = True
         raise KeyboardInterrupt
 
-    def handle(self, request: Tuple[Any, ...]) -> Any:
-        op = request[0]
-        if op == "exec":
-            return self.exec_cell(request[1])
-        if op == "global":
-            name = request[1]
-            if name not in self.ns:
-                return ["raised", "builtins", "NameError",
-                        f"name {name!r} is not defined (run the cell that defines it)", []]
-            return ["ok", self.encoded(self.ns[name]), []]
+    def callback(self, op: str, key: int, name: str, args: Any, kwargs: Dict[str, Any]) -> Any:
+        """Ask the judge to use an object it serves; requests it makes meanwhile are answered here."""
+        encoder = self.encoder()
+        body = {"op": op, "target": key, "name": name, "args": [encoder.encode(a) for a in args],
+                "kwargs": [[k, encoder.encode(v)] for k, v in kwargs.items()]}
+        self.send({"callback": body}, encoder)
+        while True:
+            message, blobs = wire.receive(self.read_fd)
+            if message.get("op") == "answer":
+                if "raised" in message:  # the judge's error, by name: a builtin or a library error
+                    name, text = message["raised"]
+                    cls = getattr(__import__("builtins"), name, None)
+                    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                        cls = getattr(importlib.import_module("paged_kv_lib.errors"), name, None)
+                    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                        cls = RuntimeError
+                    error = cls.__new__(cls)
+                    error.args = (text,)
+                    raise error
+                return self.decode(message["ok"], blobs)
+            inner = self.encoder()
+            self.send(self.answer(message, blobs, inner), inner)
+
+    def answer(self, request: Dict[str, Any], blobs: List[bytes], encoder: Any) -> Dict[str, Any]:
+        op = request["op"]
         if op == "ping":
-            return ["ok", "pong", []]
-        if op == "probe":
-            return self.probe(request[1], request[2])
-        return self.call(request)
+            return {"ok": "pong"}
+        if op == "exec":
+            return self.exec_cell(request["name"])
+        if op == "global":
+            name = request["name"]
+            if name not in self.ns:
+                return {"raised": ["builtins", "NameError", f"name {name!r} is not defined (run the cell that "
+                                                             "defines it)"]}
+            return {"ok": encoder.encode(self.ns[name])}
+        if op == "course":  # a course launcher (09's Triton drivers), run where the learner's kernel is
+            from paged_kv_course import triton_skeleton
 
-    def probe(self, name: str, arg_blobs: List[bytes]) -> Any:
-        """Run a function of probes.py on the learner's objects here; its answer goes back as data."""
-        function = getattr(probes, name, None)
-        if name.startswith("_") or getattr(function, "__module__", None) != probes.__name__ or not callable(function):
-            return ["raised", "builtins", "LookupError", f"no probe named {name!r}", []]
-        try:
-            value = function(*[self.load(b) for b in arg_blobs])
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - the learner's object raised inside the probe
-            return ["raised", type(exc).__module__, type(exc).__qualname__, _text(exc), [], self.exc_state(exc)]
-        return ["ok", self.encoded(value), []]  # data, as a call's result is (tensors included)
-
-    def exec_cell(self, source: str) -> Any:
-        result = self.shell.run_cell(source, store_history=False)
-        error = result.error_before_exec or result.error_in_exec
-        if error is None:
-            return ["ok", None, []]
-        if type(error).__name__ == stubs.ERROR_NAME:
-            text = _text(error)
+            target: Any = getattr(triton_skeleton, request["name"])
         else:
-            text = "".join(traceback.format_exception_only(type(error), error)).strip()
-        return ["raised", type(error).__module__, type(error).__qualname__, text[:MAX_TEXT], []]
-
-    def resolve(self, ref: Any) -> Any:
-        if ref[0] == "handle":
-            return self.handles[ref[1]]
-        raise KeyError(ref)
-
-    def call(self, request: Tuple[Any, ...]) -> Any:
-        op, ref, arg_blobs, kwarg_blobs = request[0], request[1], request[2], request[3]
-        target = self.resolve(ref)
-        args = [self.load(b) for b in arg_blobs]
-        kwargs = {k: self.load(b) for k, b in kwarg_blobs.items()}
+            target = self.handles[int(request["target"])]
+        args = [self.decode(a, blobs) for a in request.get("args", [])]
+        kwargs = {k: self.decode(v, blobs) for k, v in request.get("kwargs", [])}
+        watched = [(i, v) for i, v in enumerate(args)] + list(kwargs.items())
+        before = {key: self.state(v) for key, v in watched}
         try:
-            if op == "call":
-                value = target(*args, **kwargs)
-            elif op == "getattr":
-                value = getattr(target, args[0])
+            if op == "getattr":
+                value = getattr(target, request["name"])
             elif op == "setattr":
-                setattr(target, args[0], args[1])
-                value = None
+                value = setattr(target, request["name"], args[0])
             elif op == "builtin":
-                value = _BUILTINS[args[0]](target, *args[1:])
+                value = BUILTINS[request["name"]](target, *args)
             else:
-                raise ValueError(f"unknown request {op!r}")
+                value = target(*args, **kwargs)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - every learner error goes back as data
-            return ["raised", type(exc).__module__, type(exc).__qualname__, _text(exc),
-                    self.changed(arg_blobs, args, kwarg_blobs, kwargs), self.exc_state(exc)]
-        return ["ok", self.encoded(value), self.changed(arg_blobs, args, kwarg_blobs, kwargs)]
+            return {"raised": [str(type(exc).__module__)[:200], str(type(exc).__qualname__)[:200], _text(exc)],
+                    "changed": self.changed(watched, before, encoder)}
+        out = {"h": [self.handle(value), type(value).__name__[:200]]} if request.get("keep") else encoder.encode(value)
+        return {"ok": out, "changed": self.changed(watched, before, encoder)}
 
-    def load(self, blob: bytes) -> Any:
-        return _Loader(io.BytesIO(blob), self.handles).load()
+    def state(self, value: Any) -> Optional[str]:
+        """What a call could change in place (mutable data, a library object sent by value), as text."""
+        kind = type(value)
+        if kind.__name__ not in ("list", "dict", "set", "deque", "bytearray", "Tensor", "OrderedDict") \
+                and self.by_value.get(id(value)) is not value:
+            return None
+        encoder = self.encoder()
+        try:
+            return repr(encoder.encode(value)) + repr(encoder.blobs)
+        except Exception:  # noqa: BLE001
+            return None
 
-    def changed(self, arg_blobs: List[bytes], args: List[Any], kwarg_blobs: Dict[str, bytes], kwargs: Dict[str, Any]) -> List[Any]:
-        """Arguments whose state differs after the call, as (position or name, new state)."""
-        out = []
-        for key, blob, value in [(i, arg_blobs[i], args[i]) for i in range(len(args))] + [
-            (k, kwarg_blobs[k], kwargs[k]) for k in kwargs
-        ]:
-            if not wire.is_mutable_kind(value):
-                continue
-            try:
-                now = _Dumper.dumps(value, self.handles)
-            except Exception:  # noqa: BLE001
-                now = None
-            if now != blob:
-                out.append([key, self.encoded(value)])
-        return out
+    def changed(self, watched: List[Any], before: Dict[Any, Optional[str]], encoder: Any) -> List[Any]:
+        return [[key, encoder.encode(value)] for key, value in watched
+                if before[key] is not None and self.state(value) != before[key]]
 
-    def exc_state(self, exc: BaseException) -> List[Any]:
-        return [[k, v] for k, v in getattr(exc, "__dict__", {}).items()
-                if type(k) is str and (type(v) in (int, float, bool, type(None)) or (type(v) is str and len(v) < MAX_TEXT))]
+    def exec_cell(self, source: str) -> Dict[str, Any]:
+        result = self.shell.run_cell(source, store_history=False)
+        error = result.error_before_exec or result.error_in_exec
+        if error is None:
+            return {"ok": None}
+        text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        return {"raised": [str(type(error).__module__)[:200], str(type(error).__qualname__)[:200], text[:MAX_TEXT]]}
 
 
 def _text(exc: BaseException) -> str:
@@ -234,54 +302,10 @@ def _text(exc: BaseException) -> str:
         return f"<{type(exc).__name__} whose message cannot be shown>"
 
 
-_BUILTINS: Dict[str, Callable[..., Any]] = {
-    "len": len, "repr": repr, "str": str, "bool": bool, "list": list,
-    "contains": lambda obj, item: item in obj,
-    "getitem": lambda obj, key: obj[key],
-    "setitem": lambda obj, key, value: obj.__setitem__(key, value),
-    "delitem": lambda obj, key: obj.__delitem__(key),
-    "eq": lambda obj, other: obj == other,
-}
-
-
-class _Loader(pickle.Unpickler):
-    """Arguments from the grader; proxies of kernel objects come back as the objects themselves."""
-
-    def __init__(self, file: Any, handles: Dict[int, Any]) -> None:
-        super().__init__(file)
-        self.handles = handles
-
-    def persistent_load(self, pid: Any) -> Any:
-        return self.handles[pid[1]]
-
-
-class _Dumper(pickle.Pickler):
-    """Pickles an argument the way the grader did, so a changed state shows as changed bytes."""
-
-    def __init__(self, file: Any, handles: Dict[int, Any]) -> None:
-        super().__init__(file, protocol=4)
-        self.ids = {id(v): k for k, v in handles.items()}
-
-    def persistent_id(self, obj: Any) -> Any:
-        key = self.ids.get(id(obj))
-        return None if key is None else ("handle", key)
-
-    @classmethod
-    def dumps(cls, value: Any, handles: Dict[int, Any]) -> bytes:
-        buffer = io.BytesIO()
-        cls(buffer, handles).dump(value)
-        return buffer.getvalue()
-
-
 def main() -> None:
-    """Take the two pipes off stdin and stdout, point the standard streams at /dev/null, serve.
-
-    ``PAGED_KV_FORBIDDEN`` (module names, comma-separated) and ``PAGED_KV_EXERCISE`` install the
-    stub import hook (``--sandbox none``; in the sandbox the library copy holds the stubs)."""
-    forbidden = [m for m in os.environ.pop("PAGED_KV_FORBIDDEN", "").split(",") if m]
-    stubs.install_hook(forbidden, os.environ.pop("PAGED_KV_EXERCISE", "??"))
-    read_fd = os.dup(0)
-    write_fd = os.dup(1)
+    """Take the two pipes off stdin and stdout, point the standard streams at /dev/null, serve."""
+    global SERVER
+    read_fd, write_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -289,7 +313,8 @@ def main() -> None:
     sys.stdin = open(os.devnull)
     sys.stdout = sys.stderr = open(os.devnull, "w")
     sys.setrecursionlimit(10_000)
-    _Server(read_fd, write_fd).serve()
+    SERVER = _Server(read_fd, write_fd)
+    SERVER.serve()
 
 
 if __name__ == "__main__":

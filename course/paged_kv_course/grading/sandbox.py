@@ -1,16 +1,15 @@
-"""Where the learner's code runs while it is graded: a bubblewrap sandbox, or a plain process.
+"""Where the learner's code runs while it is graded: a bubblewrap sandbox, and only by request a plain process.
 
-With bubblewrap (``bwrap``) the learner's kernel starts on an empty root and sees only
-what it needs, read-only: the system's programs and libraries (``/usr``, ``/etc``...),
-Python and its packages, and a copy of the library made for this exercise
-(:func:`.stubs.stage_library`: the modules the exercise forbids are stubs there) with the
-kernel's own files; no checkout (``.git/``, ``tests/``, ``exercises/``, solutions), no
-class folder, no home. It writes only to its working folder (mounted as
-``/home/learner``) and a private ``/tmp``; it has no network, its own process and IPC
-namespaces (when it ends, every process it started ends too), no capabilities
-(``--cap-drop ALL``) and a user namespace. Run by root, the kernel first becomes an
-unprivileged uid of its own (``KERNEL_UID_BASE`` + a slot), so outside the sandbox it is
-nobody in particular, whatever it does inside.
+With bubblewrap (``bwrap``) the learner's kernel starts on an empty root and sees only what
+it needs, read-only: the system's programs and libraries (``/usr``, ``/etc``...), Python and
+its packages, and the library and course packages (bound under ``/opt/paged-kv/lib``); no
+checkout (``.git/``, ``tests/``, ``exercises/``, solutions, hidden cases), no class folder, no
+home. It writes only to a sized tmpfs home (``/home/learner``), ``/tmp`` and ``/dev/shm``,
+whose sizes count against its memory; it has no network, its own process and IPC namespaces
+(when it ends, every process it started ends too), no capabilities and a user namespace. Run
+by root, the kernel first becomes an unprivileged uid of its own (``KERNEL_UID_BASE`` + a
+slot). Where bubblewrap cannot run, grading refuses unless the instructor asks for
+``--sandbox none`` (and then the report says so).
 
 Memory: a cgroup caps the kernel's whole process tree where the system lets the grader
 make one; else each process gets ``RLIMIT_AS`` and the tree ``RLIMIT_NPROC`` processes.
@@ -26,12 +25,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 SANDBOX_MODES = ("auto", "bwrap", "none")
+TMPFS_BYTES = {"/home/learner": 256 * 1024 ** 2, "/tmp": 256 * 1024 ** 2, "/dev/shm": 64 * 1024 ** 2}
 DEFAULT_MEMORY_BYTES = 4 * 1024 ** 3
 KERNEL_PROCESSES = 64
 KERNEL_UID_BASE = 60000
@@ -39,14 +38,15 @@ KERNEL_UID_SLOTS = 4000
 INSIDE = "/opt/paged-kv"
 INSIDE_HOME = "/home/learner"
 RUNNER = Path(__file__).with_name("runner.py")
-KERNEL_FILES = ("runner.py", "wire.py", "stubs.py", "probes.py")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-NOT_ISOLATED = "grading was not isolated: no bubblewrap sandbox ({reason}); the learner's code ran with your permissions"
+NOT_ISOLATED = "grading was not isolated (--sandbox none): the learner's code ran with your permissions"
+REFUSED = ("no sandbox, no grade: {problem}. Install bubblewrap where user namespaces work, or grade inside a "
+           "throwaway container with --sandbox none")
 _PR_SET_PDEATHSIG = 1
 
 
 class SandboxUnavailableError(RuntimeError):
-    """``--sandbox bwrap`` was asked for and bubblewrap cannot run here."""
+    """Bubblewrap cannot run here and ``--sandbox none`` was not given: grading refuses."""
 
 
 @dataclass
@@ -58,10 +58,7 @@ class SandboxSpec:
     hidden: List[Path] = field(default_factory=list)
     cpu_seconds: int = 600
     memory_bytes: int = DEFAULT_MEMORY_BYTES
-    exercise: str = ""
-    forbidden: Tuple[str, ...] = ()
     applied: str = ""
-    stage: Optional[Path] = None
     cgroup: Optional[Path] = None
 
 
@@ -92,17 +89,16 @@ def bwrap_problem() -> str:
 
 
 def resolve_mode(mode: str) -> str:
-    """``bwrap`` or ``none`` for a requested mode; ``bwrap`` that cannot run raises."""
+    """``bwrap`` or ``none`` for a requested mode: ``none`` only when asked for by name; ``auto`` or
+    ``bwrap`` where bubblewrap cannot run raise :class:`SandboxUnavailableError` (no silent fallback)."""
     if mode not in SANDBOX_MODES:
         raise ValueError(f"sandbox mode {mode!r} is not one of {', '.join(SANDBOX_MODES)}")
     if mode == "none":
         return "none"
     problem = bwrap_problem()
-    if not problem:
-        return "bwrap"
-    if mode == "bwrap":
-        raise SandboxUnavailableError(f"--sandbox bwrap: {problem}")
-    return "none"
+    if problem:
+        raise SandboxUnavailableError(REFUSED.format(problem=problem))
+    return "bwrap"
 
 
 def _covers(folder: Path, path: Path) -> bool:
@@ -153,24 +149,6 @@ def python_paths() -> List[Path]:
     return out
 
 
-def stage(spec: SandboxSpec) -> Path:
-    """A folder with the library copy for this exercise (``lib/``) and the kernel's files (``runner/``)."""
-    from . import stubs
-
-    root = Path(tempfile.mkdtemp(prefix="paged-kv-kernel-"))
-    root.chmod(0o755)
-    for package in package_folders():
-        stubs.stage_library(package, root / "lib", spec.forbidden, spec.exercise or "??")
-    (root / "lib").chmod(0o755)
-    runner = root / "runner"
-    runner.mkdir(mode=0o755)
-    for name in KERNEL_FILES:
-        shutil.copyfile(Path(__file__).with_name(name), runner / name)
-        (runner / name).chmod(0o644)
-    spec.stage = root
-    return root
-
-
 def command(spec: SandboxSpec, resolved_mode: str, uid: Optional[int] = None) -> List[str]:
     """The command line that starts the kernel under ``spec``. With ``uid`` (a root grader) bubblewrap runs
     as root to build the view and keeps only the capabilities to change uid: the kernel itself then becomes
@@ -178,7 +156,6 @@ def command(spec: SandboxSpec, resolved_mode: str, uid: Optional[int] = None) ->
     python = [sys.executable, "-s"]
     if resolved_mode != "bwrap":
         return python + [str(RUNNER)]
-    assert spec.stage is not None, "stage() the library first"
     hidden = [h.resolve() for h in spec.hidden]
     cmd = [shutil.which("bwrap") or "bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
            "--unshare-cgroup-try", "--die-with-parent", "--new-session",
@@ -193,8 +170,8 @@ def command(spec: SandboxSpec, resolved_mode: str, uid: Optional[int] = None) ->
              if (p in prefixes or p.name in ("site-packages", "dist-packages")
                  or not any(_covers(h, p) for h in hidden))
              and not any(_covers(Path(s), p) for s in SYSTEM_DIRS)]
-    # A private /tmp first: a folder bound below it afterwards (a venv in /tmp) stays visible on top of it.
-    cmd += ["--perms", "1777", "--tmpfs", "/tmp"]
+    # A private, sized /tmp first: a folder bound below it afterwards (a venv in /tmp) stays visible on top.
+    cmd += ["--perms", "1777", "--size", str(TMPFS_BYTES["/tmp"]), "--tmpfs", "/tmp"]
     parents = {a for p in [*binds, Path(INSIDE), Path(INSIDE_HOME)] for a in p.parents if a != Path("/")}
     for parent in sorted(parents, key=lambda a: len(a.parts)):  # made by bwrap, open to the kernel's uid
         cmd += ["--perms", "0755", "--dir", str(parent)]
@@ -206,11 +183,12 @@ def command(spec: SandboxSpec, resolved_mode: str, uid: Optional[int] = None) ->
             cmd += ["--ro-bind", folder, folder]
     for path in binds:
         cmd += ["--ro-bind", str(path), str(path)]
-    cmd += ["--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--tmpfs", "/dev/shm",
-            "--ro-bind", str(spec.stage), INSIDE, "--bind", str(spec.workdir.resolve()), INSIDE_HOME,
-            "--chdir", INSIDE_HOME, "--"]
-    return cmd + python + [f"{INSIDE}/runner/runner.py"]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(TMPFS_BYTES["/dev/shm"]),
+            "--tmpfs", "/dev/shm", "--perms", "1777", "--size", str(TMPFS_BYTES[INSIDE_HOME]), "--tmpfs", INSIDE_HOME]
+    cmd += ["--perms", "0755", "--dir", INSIDE, "--perms", "0755", "--dir", f"{INSIDE}/lib"]
+    for package in package_folders():
+        cmd += ["--ro-bind", str(package), f"{INSIDE}/lib/{package.name}"]
+    return cmd + ["--chdir", INSIDE_HOME, "--"] + python + [f"{INSIDE}/lib/paged_kv_course/grading/runner.py"]
 
 
 def _become(uid: Optional[int]) -> Callable[[], None]:
@@ -297,26 +275,20 @@ def environment(spec: SandboxSpec, resolved_mode: str = "none") -> Dict[str, str
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(paths)
         workdir = str(spec.workdir.resolve())
-        env.update(HOME=workdir, TMPDIR=workdir,
-                   PAGED_KV_FORBIDDEN=",".join(spec.forbidden), PAGED_KV_EXERCISE=spec.exercise or "??")
+        env.update(HOME=workdir, TMPDIR=workdir)
     env.update(MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                PYTHONHASHSEED="0", JUPYTER_PLATFORM_DIRS="1", PYTHONNOUSERSITE="1")
     return env
 
 
-def start_kernel(spec: SandboxSpec, resolved_mode: str) -> "subprocess.Popen[bytes]":
+def start_kernel(spec: SandboxSpec) -> "subprocess.Popen[bytes]":
     """Start the learner's kernel (:mod:`.runner`) under ``spec`` with pipes on stdin and stdout."""
     spec.workdir.mkdir(parents=True, exist_ok=True)
+    resolved_mode = spec.mode
     uid: Optional[int] = None
     gib = spec.memory_bytes / 1024 ** 3
-    if resolved_mode == "bwrap":
-        stage(spec)
-        if os.geteuid() == 0:
-            uid = _kernel_uid()
-            os.chown(spec.workdir, uid, uid)
-            # bwrap enters it before the kernel becomes uid, as a root without capabilities: it needs the
-            # search bit (a folder from mkdtemp has none for others).
-            os.chmod(spec.workdir, 0o711)
+    if resolved_mode == "bwrap" and os.geteuid() == 0:
+        uid = _kernel_uid()
     argv = command(spec, resolved_mode, uid)
     env = environment(spec, resolved_mode)
     if uid is not None:
@@ -332,6 +304,9 @@ def start_kernel(spec: SandboxSpec, resolved_mode: str) -> "subprocess.Popen[byt
         if uid is None and os.geteuid() == 0:
             nproc = None  # root ignores RLIMIT_NPROC: only the sandbox's own uid makes it hold
             spec.applied = f"memory: {gib:g} GiB of address space per process (RLIMIT_AS; no cgroup, no process limit)"
+    if resolved_mode == "bwrap":
+        spec.applied += "; writable space: tmpfs of " + ", ".join(
+            f"{n} {b // 1024 ** 2} MiB" for n, b in TMPFS_BYTES.items()) + " (counted apart from the memory limit)"
     return subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         cwd=spec.workdir, env=env, start_new_session=True, preexec_fn=limits(spec, group, nproc), close_fds=True,
@@ -339,7 +314,7 @@ def start_kernel(spec: SandboxSpec, resolved_mode: str) -> "subprocess.Popen[byt
 
 
 def stop(process: "Optional[subprocess.Popen[bytes]]", spec: Optional[SandboxSpec] = None) -> None:
-    """Kill the learner's process and its whole process group; wait for it; remove its staged library."""
+    """Kill the learner's process and its whole process group; wait for it; remove its cgroup."""
     if process is not None:
         try:
             os.killpg(process.pid, 9)
@@ -353,9 +328,6 @@ def stop(process: "Optional[subprocess.Popen[bytes]]", spec: Optional[SandboxSpe
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-    if spec is not None and spec.stage is not None:
-        shutil.rmtree(spec.stage, ignore_errors=True)
-        spec.stage = None
     if spec is not None and spec.cgroup is not None:
         try:
             spec.cgroup.rmdir()
