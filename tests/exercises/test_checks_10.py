@@ -188,3 +188,20 @@ def test_the_conformance_checks_planted_allocators_are_named(name):
 
     cls = getattr(planted_classes, name)
     assert "the allocator is the part that breaks" in fails(check_capstone_allocator, lambda: cls)
+
+
+def test_untouched_earlier_tasks_are_named_when_the_glue_is_written(reference):
+    with pytest.raises(NotImplementedError, match="task 10.1 is not written yet"):
+        check_capstone(_untouched("10.1"), reference["my_decode_kernels"], reference["make_decode_attention"])
+
+
+def test_an_untouched_capstone_names_its_own_task():
+    with pytest.raises(NotImplementedError, match="10.3"):
+        check_capstone(_untouched("10.1"), _untouched("10.2"), _untouched("10.3"))
+
+
+def _untouched(task):
+    """A solution function as the learner version hands it out."""
+    def untouched(*args):
+        raise NotImplementedError(f"Task {task}: replace this line with your code")
+    return untouched

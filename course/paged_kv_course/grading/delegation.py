@@ -46,6 +46,9 @@ PIECES: Dict[str, Tuple[str, ...]] = {
            "paged_kv_course.starters"),
     "09": (*_COURSE, "paged_kv_lib.attention.triton_kernel", "paged_kv_lib.attention.reference",
            "paged_kv_lib.attention.batched", "paged_kv_lib.attention.api"),
+    # The capstone: the learner's own bookkeeping and decode attention, and not the capstone's own glue.
+    "10": (*_COURSE, *_BOOKS, *_SHARING, "paged_kv_lib.attention", "paged_kv_course.starters",
+           "paged_kv_course.capstone"),
 }
 MAX_SHARE = 0.80
 EXACT_RUN, SHAPE_RUN = 6, 12
