@@ -86,13 +86,15 @@ def _expect_key(fn: Callable[..., bytes], case: Case, part: str) -> None:
     if len(got) != 32:
         raise fail(call, want.hex(), got.hex(), f"property 1: a key is a SHA-256 digest, 32 bytes; yours has {len(got)}")
     if got != want:
+        pair = None if _reordered(got, case) else _collision(fn)
         if _reordered(got, case):
             part = "the order of the parts: each part is right, but the message holds them in another order"
-        else:
-            pair = _collision(fn)
-            if pair is not None:
-                part = ("the salt (property 3): with no salt your message is that of a salt with other tokens: "
-                        f"{_show_key_call(*pair[0])} and {_show_key_call(*pair[1])} give the same key")
+        elif pair is not None:
+            part = ("the salt (property 3): with no salt your message is that of a salt with other tokens: "
+                    f"{_show_key_call(*pair[0])} and {_show_key_call(*pair[1])} give the same key")
+        elif not part.startswith("the salt") and _only_salt_differs(got, case):
+            part = ("the salt (property 3): the root, the parent and the tokens are right; the salt's part of "
+                    "your message is written another way" + (" (no salt has a part too)" if not salt else ""))
         raise fail(call, want.hex(), got.hex(), f"the first part that differs: {part}")
 
 
@@ -108,6 +110,18 @@ def _collision(fn: Callable[..., bytes]) -> Optional[Tuple[Case, Case]]:
         if keys[0] == keys[1]:
             return pair
     return None
+
+
+def _only_salt_differs(got: bytes, case: Case) -> bool:
+    """Whether ``got`` hashes the right parent and tokens around a salt part written in another common way
+    (left out, its length in another width or byte order, or after its bytes)."""
+    parent, tokens, salt = case
+    head, _, body = _parts(parent, tokens, salt)
+    salt = salt or b""
+    framings = [b"", salt] + [salt + len(salt).to_bytes(w, o) for w in (1, 2, 4, 8) for o in ("little", "big")]
+    framings += [len(salt).to_bytes(w, o) + salt for w in (1, 2, 4, 16) for o in ("little", "big")]
+    framings.append(len(salt).to_bytes(8, "big") + salt)
+    return any(hashlib.sha256(head + middle + body).digest() == got for middle in framings)
 
 
 def _reordered(got: bytes, case: Case) -> bool:

@@ -258,6 +258,10 @@ def _design_state(a: Script, spare: List[int], refs: Dict[int, int], lengths: Di
                        "keep ShakyAllocator's design (its spare stack and refs dict): the task is to repair it, "
                        "not to replace it") from None
         if got != want:
+            if name == "spare" and isinstance(got, list) and sorted(got) == sorted(want):
+                hint = ("the right blocks are spare again, but in another order: the end of the stack is the "
+                        "block handed out next, and the given free_sequence decides which block lands there; "
+                        "a repair keeps the order the design had")
             raise fail(a.where(f"a.{name}"), want, got, hint)
 
 

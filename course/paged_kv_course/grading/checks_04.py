@@ -35,19 +35,23 @@ def _step_slots(alloc: PagedKVCacheAllocator, seq_ids: Sequence[int], done: Sequ
 
 def _slots_variants(tables: Tables, done: List[int], new: List[int], bs: int) -> Dict[str, torch.Tensor]:
     """What common wrong answers return for one step."""
-    def slots(first: Callable[[int], int], logical_only: bool = False) -> torch.Tensor:
+    def slots(first: Callable[[int], int], logical_only: bool = False, index_offset: bool = False) -> torch.Tensor:
         out = []
         for table, c, n in zip(tables, done, new):
-            for p in range(first(c), first(c) + n):
+            for i, p in enumerate(range(first(c), first(c) + n)):
                 block = p // bs
                 if logical_only:
                     out.append(p)
                 elif 0 <= block < len(table):
-                    out.append(table[block] * bs + p % bs)
+                    out.append(table[block] * bs + (i if index_offset else p) % bs)
                 else:
                     return torch.full((1,), -99)
         return torch.tensor(out, dtype=torch.int64)
+    # The index-offset mistake comes first: on a step of prefills and of decodes one token into a block it
+    # answers exactly as "num_computed - 1" does, and it is the one a learner who numbers new tokens makes.
     return {
+        "the block is right but the offset in the block comes from the token's position in the sequence, "
+        "not from its index among the step's new tokens": slots(lambda c: c, index_offset=True),
         "off by one: the step's first new token is at position num_computed, not num_computed + 1":
             slots(lambda c: c + 1),
         "off by one: the step's first new token is at position num_computed, not num_computed - 1":
@@ -171,7 +175,7 @@ def check_write_kv_padded(my_write_kv: Callable[..., None]) -> None:
             write_slots(want_k, want_v, slots[keep], k[keep], v[keep])
             swapped = {"k_cache": k_cache.clone(), "v_cache": v_cache.clone()}
             write_slots(swapped["k_cache"], swapped["v_cache"], slots[keep], v[keep], k[keep])
-            before_k = k_cache.clone()
+            before_k, before_v = k_cache.clone(), v_cache.clone()
             args = (k_cache, v_cache, slots.clone(), k.clone(), v.clone())
             call = (f"my_write_kv(k_cache of shape {tuple(k_cache.shape)} ({dtype}), v_cache, "
                     f"slot_mapping={show(slots)}, k of shape {tuple(k.shape)}, v)")
@@ -184,7 +188,15 @@ def check_write_kv_padded(my_write_kv: Callable[..., None]) -> None:
                                f"a {name} left unchanged", "the new vectors never reached the cache you were given: "
                                "write into it in place (a new tensor is lost when the function returns)")
                 wrong = sorted({b * bs + o for b, o in (got != want).any(dim=1).any(dim=-1).nonzero().tolist()})
-                if (slots < 0).any() and total - 1 in wrong and total - 1 not in slots.tolist():
+                before = before_k if name == "k_cache" else before_v
+                untouched = [s for s in wrong if torch.equal(got[s // bs, :, s % bs], before[s // bs, :, s % bs])]
+                if 0 in untouched and 0 in slots.tolist():
+                    hint = ("slot 0 is a real slot (block 0, offset 0) and a token goes there, but it was left "
+                            "as it was: only -1 marks padding")
+                elif untouched == wrong and set(wrong) <= set(slots[keep].tolist()):
+                    hint = (f"slots {untouched[:10]} were left as they were although a token goes there: every "
+                            "slot other than -1 is written")
+                elif (slots < 0).any() and total - 1 in wrong and total - 1 not in slots.tolist():
                     hint = (f"slot {total - 1}, the last slot of the pool, changed although no token goes there: "
                             "a padding slot -1 was used as an index, and -1 counts from the end")
                 elif not set(wrong) & set(slots[keep].tolist()) or set(wrong) - set(slots.tolist()):

@@ -68,14 +68,35 @@ class _WrongCopy(AllocatorAfter05):
         if copy:
             if not self.free:
                 raise RuntimeError("out of blocks")
-            fresh_ids = self.take_blocks(1)
+            if self.mistake == "copy_from_tail":
+                fresh_ids = [self.free.pop()]
+                self.ref_counts[fresh_ids[0]] = 1
+            else:
+                fresh_ids = self.take_blocks(1)
             if self.mistake != "keeps_reference":
                 self.ref_counts[table[-1]] -= 1
             table[-1] = fresh_ids[0]
         grown = super().append_tokens(seq_id, num_tokens)
         return grown + fresh_ids if self.mistake == "returned_last" else fresh_ids + grown
 
+    def free_sequence(self, seq_id: int) -> None:
+        if self.mistake == "free_forward":
+            _free_first_block_first(self, seq_id)
+        else:
+            super().free_sequence(seq_id)
 
+
+def _free_first_block_first(alloc: Any, seq_id: int) -> None:
+    """free_sequence written in the table's order (first logical block first), otherwise right."""
+    for block_id in alloc.tables.pop(seq_id, []):
+        alloc.ref_counts[block_id] -= 1
+        if alloc.ref_counts[block_id] == 0:
+            alloc.free.append(block_id)
+    alloc.lengths.pop(seq_id, None)
+
+
+_FREED_ORDER = ("freed blocks joined the free queue in another order: a sequence's blocks go back last logical "
+                "block first, so the block that held its last tokens is handed out again before its first")
 def _wrong_copy(mistake: str) -> Callable[[int, int], Any]:
     return type(f"_{mistake}", (_WrongCopy,), {"mistake": mistake})
 
@@ -95,6 +116,9 @@ COPY_MISTAKES: List[Mistake] = [
      "so that block never returns to the free queue"),
     (_wrong_copy("not_atomic"), "the copy counts too: with too few free blocks for the copy and the new blocks "
      "together, append_tokens must fail before it changes anything"),
+    (_wrong_copy("copy_from_tail"), "the copy came from the tail of the free queue: a private copy is a block "
+     "handed out like any other"),
+    (_wrong_copy("free_forward"), _FREED_ORDER),
 ]
 if not REPLAYS:
     COPY_MISTAKES = []
@@ -216,6 +240,9 @@ class _WrongCache(AllocatorAfter06):
         return super().take_blocks(count)
 
     def free_sequence(self, seq_id: int) -> None:
+        if self.mistake == "free_forward":
+            _free_first_block_first(self, seq_id)
+            return
         if self.mistake == "forget_on_free":
             for block_id in self.tables.get(seq_id, []):
                 if self.ref_counts[block_id] == 1 and block_id in self.key_of:
@@ -225,6 +252,8 @@ class _WrongCache(AllocatorAfter06):
     def allocate_for_sequence(  # type: ignore[override]
         self, seq_id: int, num_prompt_tokens: int, token_ids: Optional[Sequence[int]] = None
     ) -> int:
+        if self.mistake in ("partial_cached", "new_before_hits") and token_ids is not None:
+            return self._allocate_wrongly(seq_id, num_prompt_tokens, list(token_ids))
         if self.mistake == "hit_in_queue" and token_ids is not None:
             saved = self.free
             self.free = _NoRemove(saved)  # type: ignore[assignment]
@@ -233,6 +262,37 @@ class _WrongCache(AllocatorAfter06):
             finally:
                 self.free = saved
         return self._counted(super().allocate_for_sequence(seq_id, num_prompt_tokens, token_ids))
+
+    def _allocate_wrongly(self, seq_id: int, count: int, tokens: List[int]) -> int:
+        """The course's allocate_for_sequence with the partial last block keyed too, or the new blocks taken
+        before the hits leave the free queue."""
+        if len(tokens) != count or seq_id in self.tables:
+            raise ValueError("bad prompt or a live sequence")
+        bs, keys = self.block_size, []
+        last = count if self.mistake == "partial_cached" else count - bs + 1
+        for start in range(0, max(last, 0), bs):
+            keys.append(self._key(keys[-1] if keys else None, tokens[start:start + bs]))
+        hits = self._lookup(keys)
+        idle = [b for b in hits if self.ref_counts[b] == 0]
+        new = -(-count // bs) - len(hits)
+        if new + len(idle) > len(self.free):
+            raise RuntimeError("out of blocks")
+        if self.mistake == "new_before_hits":
+            table = hits + self.take_blocks(new)
+            for block_id in idle:
+                if block_id in self.free:
+                    self.free.remove(block_id)
+        else:
+            for block_id in idle:
+                self.free.remove(block_id)
+            table = hits + self.take_blocks(new)
+        for block_id in hits:
+            self.ref_counts[block_id] += 1
+        for key, block_id in zip(keys[len(hits):], table[len(hits):]):
+            if key not in self.cached and block_id not in self.key_of:
+                self.cached[key], self.key_of[block_id] = block_id, key
+        self.tables[seq_id], self.lengths[seq_id] = table, count
+        return len(hits) * bs
 
     def _counted(self, cached_tokens: int) -> int:
         return cached_tokens // self.block_size if self.mistake == "blocks_not_tokens" else cached_tokens
@@ -272,6 +332,11 @@ CACHE_MISTAKES: List[Mistake] = [
      "before it, so its key must depend on its parent's key too"),
     (_wrong_cache("stale"), "a block that was handed out again (new content) was still found by its old key: "
      "taking a block from the free queue forgets what it held"),
+    (_wrong_cache("partial_cached"), "a prompt reused a block that was not full when it was cached: only full "
+     "blocks are cached, since a partial block's content changes as its sequence grows"),
+    (_wrong_cache("new_before_hits"), "this prompt took its new blocks before taking its hits out of the free "
+     "queue, so a block it reuses was also handed out to it as a new one"),
+    (_wrong_cache("free_forward"), _FREED_ORDER),
     (_wrong_cache("hit_in_queue"), "a cache hit on a free block left it in the free queue, so it can be handed out "
      "while a sequence holds it: a hit takes it out of the queue"),
 ]

@@ -124,6 +124,55 @@ def starter_released(name: str, assignment: Optional[int]) -> bool:
     return assignment is not None and int(name[6:8]) < assignment
 
 
+def withheld_line(number: str) -> str:
+    """The one line a learner reads where the course's class after exercise ``number`` is not released."""
+    return (f"the course's class after {number} is not in this release: start from your own "
+            f"(your class from exercise {number}, pasted or imported in its place)")
+
+
+def placeholder_starter(source: Path) -> str:
+    """A stand-in for a withheld starter module: importing it prints :func:`withheld_line` once, and each of
+    its names (a class) raises that line as a :class:`RuntimeError` when used; it holds no answer."""
+    import ast
+
+    number = source.stem[len("after_"):]
+    names: List[str] = []
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            names = [ast.literal_eval(e) for e in node.value.elts]  # type: ignore[attr-defined]
+    line = withheld_line(number)
+    body = "\n".join(f"{name} = _withheld({name!r})" for name in names)
+    return f'''"""Not in this release: the course's class after exercise {number} is withheld while a later exercise is
+handed out. Start from your own class of exercise {number}."""
+
+LINE = {line!r}
+print(LINE)
+
+
+class StarterWithheld(RuntimeError):
+    """Raised when a withheld starter is used."""
+
+
+def _withheld(name):
+    def refuse(*args, **kwargs):
+        raise StarterWithheld(LINE)
+
+    return type(name, (), {{"__init__": refuse, "__init_subclass__": classmethod(lambda cls, **kw: None),
+                           "__getattr__": lambda self, attr: refuse()}})
+
+
+__all__ = {names!r}
+{body}
+'''
+
+
+def _write_placeholders(course: Path, staging: Path, assignment: Optional[int]) -> None:
+    """A placeholder for every starter the release withholds, so that its import names it in one line."""
+    for source in sorted((course / STARTERS).glob("after_*.py")):
+        if not starter_released(source.name, assignment):
+            (staging / STARTERS / source.name).write_text(placeholder_starter(source), encoding="utf-8")
+
+
 def _ignorer(course: Path, assignment: Optional[int]) -> Callable[[str, List[str]], List[str]]:
     withheld = {(course / w).resolve() for w in WITHHELD}
     starters = (course / STARTERS).resolve()
@@ -169,6 +218,7 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
                 shutil.copytree(source, staging / name, ignore=ignore)
             elif source.is_file():
                 shutil.copy2(source, staging / name)
+        _write_placeholders(course, staging, assignment)
         exercises = staging / "exercises"
         exercises.mkdir(exist_ok=True)
         generate(solutions, exercises)  # learner versions, fresh from the solutions
