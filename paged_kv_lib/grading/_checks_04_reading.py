@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict
 import torch
 
 from ..allocator import PagedKVCacheAllocator
-from ..cache_ops import gather_tokens
+from ..kv_cache import gather_tokens
 from ._checks_04_pools import SWAPPED, blocks_for, pools, unchanged
 from ._common import CheckFailure, call_learner, expect_raises, expect_tensor, fail, is_tensor, not_written, passed, show
 

@@ -29,9 +29,7 @@ FORBIDDEN: Tuple[str, ...] = (
     "paged_kv_lib.conformance.differential",
     "paged_kv_lib.conformance.simulation",
     "paged_kv_lib.allocator",
-    "paged_kv_lib.block_manager",  # and the modules it is made of:
-    "paged_kv_lib.block_pool", "paged_kv_lib.block_questions", "paged_kv_lib.block_rules",
-    "paged_kv_lib.growth", "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats",
+    "paged_kv_lib.block_manager",
     "paged_kv_lib.engine",
     "paged_kv_lib.simulate",
     "paged_kv_lib.seed",

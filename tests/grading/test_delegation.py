@@ -23,7 +23,7 @@ FORBIDDEN = (
     "paged_kv_lib.conformance",
     "paged_kv_lib.allocator",
     "paged_kv_lib.prefix_cache",
-    "paged_kv_lib.free_queue",
+    "paged_kv_lib.block_manager",
     "paged_kv_lib.attention.triton_kernel",
     "paged_kv_lib.course.starters.after_06",
 )
@@ -86,7 +86,7 @@ DELEGATIONS = {
         "        return paged_kv_lib.prefix_cache.block_key(parent, tokens)\n", "MyAllocator"),
     "a FreeBlockQueue built inside": (
         "def make_queue(prev, nxt):\n"
-        "    from paged_kv_lib.free_queue import FreeBlockQueue\n"
+        "    from paged_kv_lib.block_manager import FreeBlockQueue\n"
         "    return FreeBlockQueue(len(prev))\n", "make_queue"),
     "a closure over the library": (
         "from paged_kv_lib.prefix_cache import block_key\n"
@@ -151,7 +151,7 @@ def test_the_learners_own_code_reaches_the_check(guarded):
 def test_an_earlier_starter_is_allowed(monkeypatch):
     monkeypatch.setattr(delegation, "forbidden_modules", lambda exercise: ("paged_kv_lib.course.starters.after_05",))
     check = delegation.guarded(a_check, "checks_05")
-    learner = cell("from paged_kv_lib.block_table import BlockTable\nclass MyAllocator(BlockTable):\n    pass\n")
+    learner = cell("from paged_kv_lib.block import BlockTable\nclass MyAllocator(BlockTable):\n    pass\n")
     assert check(learner["MyAllocator"])[0] == "checked"
 
 
