@@ -25,7 +25,8 @@ from array import array
 from collections import deque
 from dataclasses import asdict, dataclass
 from itertools import chain
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Union
 
 from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_ids
 from .block import Block, BlockTable, cdiv, tokens_in_blocks
@@ -247,17 +248,18 @@ def growth_demand(tables: Sequence[BlockTable], num_tokens: int, block_size: int
     needed = 0
     takers: List[int] = []
     growers: Dict[int, int] = {}  # shared tail with room -> listed tables growing it
-    for i, table in enumerate(tables):
+    i = -1
+    for table in tables:
+        i += 1
         ids = table.block_ids
-        held = table.num_tokens
-        capacity = len(ids) * block_size
-        if held < capacity and num_tokens and blocks[ids[-1]].ref_count > 1:
+        room = len(ids) * block_size - table.num_tokens  # free slots in the blocks it holds
+        if room and num_tokens and blocks[ids[-1]].ref_count > 1:
             growers[ids[-1]] = growers.get(ids[-1], 0) + 1
             takers.append(i)
-            if held + num_tokens > capacity:
-                needed += cdiv(held + num_tokens - capacity, block_size)
-        elif held + num_tokens > capacity:
-            needed += cdiv(held + num_tokens - capacity, block_size)
+            if num_tokens > room:
+                needed += cdiv(num_tokens - room, block_size)
+        elif num_tokens > room:
+            needed += cdiv(num_tokens - room, block_size)
             takers.append(i)
     for tail, k in growers.items():
         needed += min(k, blocks[tail].ref_count - 1)
@@ -434,7 +436,8 @@ class BlockManager:
         if len(tokens) != len(lengths):
             raise InvalidArgumentError(f"got {len(tokens)} token_ids for {len(lengths)} sequences")
         reserve = self.watermark_blocks(watermark)
-        new_blocks, revived = 0, set()  # free cached blocks some sequence hits: taken off the free queue once
+        new_blocks = 0
+        revived: Set[int] = set()  # free cached blocks some sequence hits: taken off the free queue once
         for n, ids in zip(lengths, tokens):
             plan = self._plan_prompt(n, ids, extra_key)
             new_blocks += plan.new_blocks
@@ -581,15 +584,17 @@ class BlockManager:
         seed's ``(length + 1) % block_size == 0`` asked one token early). A shared, non-full last block is
         copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable.
         """
-        table = self.table(seq_id)
-        if token_ids is None and table.token_ids is None and type(num_tokens) is int and num_tokens >= 0:
+        table = self._tables.get(seq_id) if type(seq_id) is int else None
+        if table is None:
+            table = self.table(seq_id)  # raises the typed error
+        elif token_ids is None and table.token_ids is None and type(num_tokens) is int and num_tokens >= 0:
             ids = table.block_ids  # most calls: the tokens fit in a last block the sequence holds alone
-            grown = table.num_tokens + num_tokens
-            if grown <= len(ids) * self.block_size and (not num_tokens or self._blocks[ids[-1]].ref_count == 1):
-                table.num_tokens = grown
+            room = len(ids) * self.block_size - table.num_tokens
+            if num_tokens <= room and (not num_tokens or self._blocks[ids[-1]].ref_count == 1):
+                table.num_tokens += num_tokens
                 return ()
         num_tokens = as_count(num_tokens, "num_tokens")
-        tokens = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
+        tokens: Optional[List[Optional[List[int]]]] = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
         placed, needed = self._grow([seq_id], [table], num_tokens, tokens, 0)
         if placed is None:
             raise OutOfBlocksError(needed, len(self._free), f"grow sequence {seq_id} to "
@@ -753,23 +758,34 @@ class BlockManager:
         if len(self._free) - needed < reserve:
             return None, needed
         placed: Placed = {}
+        if tokens is None:  # no content to key: the blocks first, then the counts
+            for i in takers:
+                got = self._place(tables[i], num_tokens)
+                if got:  # the last holder of a shared tail writes in place, taking nothing
+                    placed[ids[i]] = got
+            for table in tables:
+                table.num_tokens += num_tokens
+                if table.token_ids is not None:
+                    table.token_ids = None  # the content is unknown from here on: no more keys
+            return placed, needed
         waiting = iter(takers)
         taker = next(waiting, -1)
-        for i, table in enumerate(tables):  # in listed order, as one append_tokens per sequence would
+        for i in range(len(tables)):  # in listed order, as one append_tokens per sequence would
+            table = tables[i]
             if i == taker:
                 got = self._place(table, num_tokens)
-                if got:  # the last holder of a shared tail writes in place, taking nothing
+                if got:
                     placed[ids[i]] = got
                 taker = next(waiting, -1)
             table.num_tokens += num_tokens
-            new_tokens = None if tokens is None else tokens[i]
-            if new_tokens is None or table.token_ids is None:
-                table.token_ids = None  # the content is unknown from here on: no more keys
+            seen, new_tokens = table.token_ids, tokens[i]
+            if seen is None or new_tokens is None:
+                table.token_ids = None
             else:
-                table.token_ids += new_tokens
+                seen += new_tokens
                 if table.num_tokens >= (len(table.block_keys) + 1) * block_size:  # a block filled: key it, once
                     start = len(table.block_keys)
-                    extend_chain(table.block_keys, table.token_ids, block_size, table.extra_key)
+                    extend_chain(table.block_keys, seen, block_size, table.extra_key)
                     self._register(table, start)
         return placed, needed
 
@@ -790,17 +806,16 @@ class BlockManager:
     def _token_rows(self, token_ids: Sequence[TokenIds], num_tokens: int) -> List[Optional[List[int]]]:
         """Each sequence's new token ids, checked (``num_tokens`` ints in 64 bits each, or ``None``); one pass at
         C speed for the common case of lists of ints, ``None`` for all when prefix caching is off."""
-        rows: List[Any] = list(token_ids)
-        if set(map(type, rows)) == {list} and set(map(len, rows)) == {num_tokens}:
-            flat = list(chain.from_iterable(rows))
-            try:
-                array("q", flat)
-            except (TypeError, OverflowError):
-                rows = [as_token_ids(t, num_tokens) for t in rows]  # raises the typed error
-            if bool in map(type, flat):
-                raise InvalidTypeError("token_ids must be ints, not bools")
-        else:
-            rows = [None if t is None else as_token_ids(t, num_tokens) for t in rows]
+        rows: List[Any] = token_ids if type(token_ids) is list else list(token_ids)
+        try:
+            if set(map(type, rows)) == {list} and set(map(len, rows)) == {num_tokens}:
+                flat = list(chain.from_iterable(rows))
+                array("q", flat)  # every one an int in 64 bits, at C speed
+                if bool not in map(type, flat):
+                    return rows if self.enable_prefix_caching else [None] * len(rows)
+        except (TypeError, OverflowError):
+            pass
+        rows = [None if t is None else as_token_ids(t, num_tokens) for t in rows]  # raises the typed error
         return rows if self.enable_prefix_caching else [None] * len(rows)
 
     def _listed(self, seq_ids: Iterable[int], call: str) -> Tuple[Sequence[int], List[BlockTable]]:

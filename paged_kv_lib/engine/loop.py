@@ -237,7 +237,7 @@ class Engine:
             head = self.queue[0]
             raise RuntimeError(  # add_request refused such requests at add_request; a bug if it happens
                 f"engine stalled: request {head.request_id} cannot be admitted into an idle pool "
-                f"({self.allocator.num_free_blocks}/{self.allocator.num_blocks} blocks free)"
+                f"({self.allocator.num_blocks - self.allocator.num_used_blocks}/{self.allocator.num_blocks} blocks free)"
             )
         self._retire_finished()
         return self._account(decodes, chunks, generated, preempted, time.perf_counter() - start)

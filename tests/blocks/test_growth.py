@@ -11,7 +11,6 @@ counts, content keys, ref counts, the free queue's order, the CPU pool. A refuse
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
