@@ -1,195 +1,261 @@
-"""Bookkeeping throughput: the library's block manager against the seed's deque allocator (``paged_kv_course.seed``).
+"""Bookkeeping speed of a decode step: the library's block manager against plain loops over the seed's design.
 
-A trace of sequences (prompt, then decoding one token at a time, then free), with a
-batch of sequences decoding in turn, is driven through both; every driver walks
-the same list of running sequences per decode step (rebuilt only when one finishes). The baseline,
-``SeedAllocator`` without tensors, counts no tokens (its driver tracks lengths and applies
-the corrected growth rule itself) and checks only ids and counts once per allocation; the
-library (``BlockManager``, the bookkeeping without tensors, as the baseline is) validates every
-call and keeps the counts. Prints tokens per second for each and the ratio, then the memory a
-decode step allocates.
+One continuous-batching trace (sequences with a prompt and an output length; up to ``--batch`` decode at
+once; when one finishes it is freed and the next one of the trace joins) is driven through every side,
+and only the decode steps are timed (admissions and frees run between them, untimed): each side records
+the step's sampled token in its sequence's output (the token values are drawn before the clock starts)
+and grows its bookkeeping, as a decode loop does around its model.
 
-Two library modes: ``single``, one checked ``append_tokens`` call per sequence per decode
-step (against the seed's bare deque design), and ``batched``, one ``append_tokens_batch``
-call per decode step for the whole batch (against the seed design's per-sequence loop,
-the same baseline: it is what a caller of the seed writes for a decode step). A third,
-``allocator``, is ``single`` through ``PagedKVCacheAllocator.append_tokens`` (the tensor
-facade's delegation to its manager: one Python call more per token), printed for reference.
+Three comparisons, side by side in one run, each the median of interleaved rounds (every side of a round
+sees the same machine noise):
 
-    python benchmarks/allocator_ops.py [--sequences 4000] [--batch 64] [--repeats 9]
+* ``prefix caching, per step``: ``BlockManager.allocate_slots(running, 1, token_ids=...)``, prefix caching
+  on (the engine's default), against a plain loop over the seed's deque design that also keeps each
+  sequence's tokens and keys a block by SHA-256 of its parent's key and its tokens once it fills (what
+  nano-vllm and vLLM do). Goal >= 0.5.
+* ``no prefix caching, per step``: ``allocate_slots(running)`` against the seed's loop (a deque free list,
+  ref counts, table lists; a new block at each boundary). Goal >= 0.5.
+* ``no prefix caching, per call``: one ``append_tokens(seq_id)`` per sequence against the same loop.
+  Goal >= 0.5.
+
+The baselines check nothing and count no blocks ahead; the library validates every call and is atomic.
+
+    python benchmarks/allocator_ops.py [--sequences 3000] [--batch 64] [--block-size 16] [--repeats 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import statistics
 import sys
 import time
-import tracemalloc
-from typing import List, Tuple
+from array import array
+from collections import deque
+from typing import Callable, Dict, List, Tuple
 
-from paged_kv_lib import PagedKVCacheAllocator
 from paged_kv_lib.block_manager import BlockManager
-from paged_kv_course.seed import SeedAllocator
+
+Trace = List[Tuple[int, int]]  # (prompt tokens, output tokens) per sequence, in arrival order
+Step = Tuple[List[int], List[List[int]]]  # running ids, and each one's new token
 
 
-def make_trace(num_sequences: int, seed: int) -> List[Tuple[int, int]]:
+def make_trace(num_sequences: int, seed: int) -> Trace:
     rng = random.Random(seed)
     return [(rng.randint(1, 512), rng.randint(1, 256)) for _ in range(num_sequences)]
 
 
-def decode_tokens(trace) -> int:
-    return sum(out for _, out in trace)
+def schedule(trace: Trace, batch: int) -> List[Tuple[List[int], Step, List[int]]]:
+    """Each decode step as ``(admitted before it, (running ids, new tokens), finished after it)``."""
+    left = {s: out for s, (_, out) in enumerate(trace)}
+    waiting = deque(range(len(trace)))
+    running: List[int] = []
+    steps = []
+    clock = 0
+    while waiting or running:
+        admitted = []
+        while waiting and len(running) < batch:
+            running.append(waiting.popleft())
+            admitted.append(running[-1])
+        clock += 1
+        step = (list(running), [[(s * 7919 + clock) % 50_000] for s in running])
+        finished = []
+        for s in running:
+            left[s] -= 1
+            if left[s] == 0:
+                finished.append(s)
+        running = [s for s in running if left[s]]
+        steps.append((admitted, step, finished))
+    return steps
 
 
-DECODE_TIME = [0.0]  # CPU seconds the runner now timed spent in its decode steps (its growth calls)
+def prompt_tokens(seq_id: int, length: int) -> List[int]:
+    return [(seq_id * 31 + i) % 50_000 for i in range(length)]
 
 
-def decode_steps(group: List[Tuple[int, int]], start: int):
-    """Each decode step's running sequence ids, oldest first: a sequence leaves the list once its output is done."""
-    active = list(range(start, start + len(group)))
-    ends = {start + i: out for i, (_, out) in enumerate(group)}
-    for step in range(max(out for _, out in group)):
-        if any(ends[s] <= step for s in active):
-            active = [s for s in active if ends[s] > step]
-        yield active
+# ------------------------------------------------------------------ the library
+def library_per_step(trace: Trace, steps, block_size: int, num_blocks: int, caching: bool) -> float:
+    manager = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
+    grow = manager.allocate_slots
+    outputs: Dict[int, List[int]] = {}
+    elapsed = 0.0
+    for admitted, (ids, tokens), finished in steps:
+        for s in admitted:
+            manager.allocate_for_sequence(s, trace[s][0], token_ids=prompt_tokens(s, trace[s][0]) if caching else None)
+            outputs[s] = []
+        t0 = time.perf_counter()
+        for s, (token,) in zip(ids, tokens):  # the step's sampled tokens join their sequences
+            outputs[s].append(token)
+        if caching:
+            placed = grow(ids, 1, token_ids=[outputs[s][-1:] for s in ids])
+        else:
+            placed = grow(ids)
+        elapsed += time.perf_counter() - t0
+        assert placed is not None
+        for s in finished:
+            manager.free_sequence(s)
+            del outputs[s]
+    manager.check_invariants()
+    return elapsed
 
 
-def run_baseline(trace, batch: int, block_size: int, num_blocks: int) -> int:
-    alloc = SeedAllocator(num_blocks, block_size)  # the seed's design, bookkeeping only
-    tokens = 0
-    for start in range(0, len(trace), batch):
-        group = trace[start : start + batch]
-        lengths = {}
-        for i, (prompt, _) in enumerate(group):
-            alloc.allocate_for_sequence(start + i, prompt)
-            lengths[start + i] = prompt
-            tokens += prompt
-        t0 = time.process_time()
-        for active in decode_steps(group, start):
-            for seq_id in active:
-                if lengths[seq_id] % block_size == 0:  # seed.needs_new_block, inlined
-                    alloc.append_block_to_sequence(seq_id)
-                lengths[seq_id] += 1
-            tokens += len(active)
-        DECODE_TIME[0] += time.process_time() - t0
-        for i in range(len(group)):
-            alloc.free_sequence(start + i)
-    return tokens
+def library_per_call(trace: Trace, steps, block_size: int, num_blocks: int) -> float:
+    manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+    append = manager.append_tokens
+    outputs: Dict[int, List[int]] = {}
+    elapsed = 0.0
+    for admitted, (ids, tokens), finished in steps:
+        for s in admitted:
+            manager.allocate_for_sequence(s, trace[s][0])
+            outputs[s] = []
+        t0 = time.perf_counter()
+        for s, (token,) in zip(ids, tokens):
+            outputs[s].append(token)
+            append(s)
+        elapsed += time.perf_counter() - t0
+        for s in finished:
+            manager.free_sequence(s)
+            del outputs[s]
+    manager.check_invariants()
+    return elapsed
 
 
-def run_library(trace, batch: int, block_size: int, num_blocks: int, *, facade: bool = False) -> int:
-    alloc = PagedKVCacheAllocator(num_blocks, block_size, 1, 1) if facade else BlockManager(num_blocks, block_size)
-    append = alloc.append_tokens
-    tokens = 0
-    for start in range(0, len(trace), batch):
-        group = trace[start : start + batch]
-        for i, (prompt, _) in enumerate(group):
-            alloc.allocate_for_sequence(start + i, prompt)
-            tokens += prompt
-        t0 = time.process_time()
-        for active in decode_steps(group, start):
-            for seq_id in active:
-                append(seq_id)
-            tokens += len(active)
-        DECODE_TIME[0] += time.process_time() - t0
-        for i in range(len(group)):
-            alloc.free_sequence(start + i)
-    alloc.check_invariants()
-    return tokens
+# ------------------------------------------------------------------ the seed's design, as plain loops
+class SeedBooks:
+    """The seed lesson's state: a deque free list, ref counts, a list of block ids per sequence, lengths."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.free = deque(range(num_blocks))
+        self.ref_count = [0] * num_blocks
+        self.tables: Dict[int, List[int]] = {}
+        self.lengths: Dict[int, int] = {}
+
+    def allocate(self, seq_id: int, num_tokens: int) -> None:
+        table = self.tables[seq_id] = [self.free.popleft() for _ in range(-(-num_tokens // self.block_size))]
+        for b in table:
+            self.ref_count[b] = 1
+        self.lengths[seq_id] = num_tokens
+
+    def free_sequence(self, seq_id: int) -> None:
+        for b in self.tables.pop(seq_id):
+            self.ref_count[b] -= 1
+            if self.ref_count[b] == 0:
+                self.free.append(b)
+        del self.lengths[seq_id]
 
 
-def run_library_facade(trace, batch: int, block_size: int, num_blocks: int) -> int:
-    return run_library(trace, batch, block_size, num_blocks, facade=True)
+def seed_loop(trace: Trace, steps, block_size: int, num_blocks: int) -> float:
+    books = SeedBooks(num_blocks, block_size)
+    free, ref_count, tables, lengths = books.free, books.ref_count, books.tables, books.lengths
+    outputs: Dict[int, List[int]] = {}
+    elapsed = 0.0
+    for admitted, (ids, tokens), finished in steps:
+        for s in admitted:
+            books.allocate(s, trace[s][0])
+            outputs[s] = []
+        t0 = time.perf_counter()
+        for s, (token,) in zip(ids, tokens):
+            outputs[s].append(token)
+            n = lengths[s]
+            if n % block_size == 0:  # the next token starts a block
+                b = free.popleft()
+                ref_count[b] = 1
+                tables[s].append(b)
+            lengths[s] = n + 1
+        elapsed += time.perf_counter() - t0
+        for s in finished:
+            books.free_sequence(s)
+            del outputs[s]
+    return elapsed
 
 
-def run_library_batched(trace, batch: int, block_size: int, num_blocks: int) -> int:
-    alloc = BlockManager(num_blocks, block_size)
-    append_batch = alloc.append_tokens_batch
-    tokens = 0
-    for start in range(0, len(trace), batch):
-        group = trace[start : start + batch]
-        for i, (prompt, _) in enumerate(group):
-            alloc.allocate_for_sequence(start + i, prompt)
-            tokens += prompt
-        t0 = time.process_time()
-        for active in decode_steps(group, start):
-            append_batch(active)
-            tokens += len(active)
-        DECODE_TIME[0] += time.process_time() - t0
-        for i in range(len(group)):
-            alloc.free_sequence(start + i)
-    alloc.check_invariants()
-    return tokens
-
-
-def decode_step_allocations(steps: int = 10_000) -> Tuple[int, int]:
-    """(bytes at peak, blocks still allocated) traced over decode steps that need no new block."""
-    alloc = BlockManager(4, steps + 1)
-    alloc.allocate_for_sequence(0, 1)
-    append = alloc.append_tokens
-    append(0)  # warm up any lazily created state
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    before = tracemalloc.get_traced_memory()[0]
-    for _ in range(steps - 1):
-        append(0)
-    current, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return peak - before, current - before
+def seed_loop_sha256(trace: Trace, steps, block_size: int, num_blocks: int) -> float:
+    """The seed's loop, plus each sequence's tokens and a SHA-256 key per block once it fills, found in a map."""
+    books = SeedBooks(num_blocks, block_size)
+    free, ref_count, tables, lengths = books.free, books.ref_count, books.tables, books.lengths
+    tokens: Dict[int, List[int]] = {}
+    keys: Dict[int, List[bytes]] = {}
+    cached: Dict[bytes, int] = {}
+    root = bytes(32)
+    elapsed = 0.0
+    for admitted, (ids, new), finished in steps:
+        for s in admitted:
+            books.allocate(s, trace[s][0])
+            tokens[s] = prompt_tokens(s, trace[s][0])
+            keys[s] = []
+            for i in range(len(tokens[s]) // block_size):
+                parent = keys[s][-1] if keys[s] else root
+                key = hashlib.sha256(parent + array("q", tokens[s][i * block_size:(i + 1) * block_size]).tobytes())
+                keys[s].append(key.digest())
+                cached[keys[s][-1]] = tables[s][i]
+        t0 = time.perf_counter()
+        for s, (token,) in zip(ids, new):
+            n = lengths[s]
+            if n % block_size == 0:
+                b = free.popleft()
+                ref_count[b] = 1
+                tables[s].append(b)
+            seq_tokens = tokens[s]
+            seq_tokens.append(token)
+            n += 1
+            lengths[s] = n
+            if n % block_size == 0:  # the block filled: its key, once
+                seq_keys = keys[s]
+                parent = seq_keys[-1] if seq_keys else root
+                key = hashlib.sha256(parent + array("q", seq_tokens[n - block_size:]).tobytes()).digest()
+                seq_keys.append(key)
+                cached[key] = tables[s][-1]
+        elapsed += time.perf_counter() - t0
+        for s in finished:
+            books.free_sequence(s)
+            del tokens[s], keys[s]
+    return elapsed
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=int, default=4000)
+    parser.add_argument("--sequences", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     trace = make_trace(args.sequences, args.seed)
-    num_blocks = args.batch * ((512 + 256) // args.block_size + 2)
-    runs = (("deque baseline", run_baseline), ("single", run_library), ("batched", run_library_batched),
-            ("allocator", run_library_facade))
-    best: dict = {}
-    best_decode: dict = {}
-    ratios: dict = {"single": [], "batched": [], "allocator": []}
-    decode_ratios: dict = {"single": [], "batched": [], "allocator": []}
-    tokens = 0
-    grown = decode_tokens(trace)
-    for _ in range(args.repeats):  # interleaved rounds: every side of a round sees the same machine noise
-        rates, decode_rates = {}, {}
-        for name, fn in runs:
-            DECODE_TIME[0] = 0.0
-            t0 = time.process_time()
-            tokens = fn(trace, args.batch, args.block_size, num_blocks)
-            rates[name] = tokens / (time.process_time() - t0)
-            decode_rates[name] = grown / DECODE_TIME[0]
-            best[name] = max(best.get(name, 0.0), rates[name])
-            best_decode[name] = max(best_decode.get(name, 0.0), decode_rates[name])
-        for mode in ratios:
-            ratios[mode].append(rates[mode] / rates["deque baseline"])
-            decode_ratios[mode].append(decode_rates[mode] / decode_rates["deque baseline"])
-    print(f"trace: {args.sequences} sequences, batch {args.batch}, block size {args.block_size}, "
-          f"{tokens:,} tokens ({grown:,} of them decode steps); {args.repeats} interleaved rounds, CPU time")
-    print("whole trace (allocate prompts, decode, free):")
-    for name, rate in best.items():
-        print(f"  {name:<15} {rate / 1e6:6.2f} M tokens/s (best)")
-    print("decode steps only (the growth calls):")
-    for name, rate in best_decode.items():
-        print(f"  {name:<15} {rate / 1e6:6.2f} M tokens/s (best)")
-    goals = {"single": "goal >= 0.5: one checked call per token", "batched": "goal >= 1.0: one call per decode step",
-             "allocator": "single through the tensor facade, for reference"}
-    for label, table in (("whole trace", ratios), ("decode steps", decode_ratios)):
-        for mode, values in table.items():
-            values.sort()
-            print(f"  {label:<12} {mode:<8} / baseline: median {statistics.median(values):.2f} of the rounds "
-                  f"(range {values[0]:.2f}-{values[-1]:.2f}) ({goals[mode]})")
-    peak, kept = decode_step_allocations()
-    print(f"decode steps without a new block: traced peak {peak} bytes, retained {kept} bytes "
-          f"over 10,000 steps (goal: no per-step allocation)")
+    steps = schedule(trace, args.batch)
+    bs = args.block_size
+    num_blocks = args.batch * ((512 + 256) // bs + 2)
+    grown = sum(len(ids) for _, (ids, _), _ in steps)
+    sides: Dict[str, Callable[[], float]] = {
+        "library, prefix caching, per step": lambda: library_per_step(trace, steps, bs, num_blocks, True),
+        "seed loop + SHA-256 keys": lambda: seed_loop_sha256(trace, steps, bs, num_blocks),
+        "library, no caching, per step": lambda: library_per_step(trace, steps, bs, num_blocks, False),
+        "library, no caching, per call": lambda: library_per_call(trace, steps, bs, num_blocks),
+        "seed loop": lambda: seed_loop(trace, steps, bs, num_blocks),
+    }
+    pairs = [("prefix caching, per step", "library, prefix caching, per step", "seed loop + SHA-256 keys"),
+             ("no prefix caching, per step", "library, no caching, per step", "seed loop"),
+             ("no prefix caching, per call", "library, no caching, per call", "seed loop")]
+    times: Dict[str, List[float]] = {name: [] for name in sides}
+    ratios: Dict[str, List[float]] = {label: [] for label, _, _ in pairs}
+    for _ in range(args.repeats):  # interleaved rounds
+        now = {name: run() for name, run in sides.items()}
+        for name, t in now.items():
+            times[name].append(t)
+        for label, mine, base in pairs:
+            ratios[label].append(now[base] / now[mine])  # speed ratio: the library's tokens/s over the baseline's
+    print(f"trace: {args.sequences} sequences (prompts 1-512, outputs 1-256 tokens), up to {args.batch} decoding at "
+          f"once, joining as others finish; block size {bs}; {len(steps):,} decode steps, {grown:,} tokens grown; "
+          f"{args.repeats} interleaved rounds, decode steps timed")
+    for name, values in times.items():
+        print(f"  {name:<36} {grown / statistics.median(values) / 1e6:6.2f} M tokens/s (median)")
+    print("ratio to the baseline (median of the rounds, range; goal >= 0.5 each):")
+    for label, mine, base in pairs:
+        values = sorted(ratios[label])
+        print(f"  {label:<28} {statistics.median(values):.2f}x  ({values[0]:.2f}-{values[-1]:.2f})  "
+              f"[{mine} / {base}]")
     return 0
 
 

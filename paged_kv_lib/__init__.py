@@ -1,12 +1,12 @@
 """paged_kv_lib: paged KV-cache memory management, the library the paged-kv course builds.
 
-The core (blocks, block tables, the free queue and the allocator) needs only torch.
+The bookkeeping (blocks, block tables, the free queue, the block manager) needs nothing but Python;
+the allocator adds the K/V tensors (torch).
 Heavier parts (attention kernels, the engine, simulations, widgets, grading) live in
 submodules imported on demand.
 """
 
-from .block import Block, blocks_needed, cdiv
-from .block_table import BlockTable
+from .block import Block, BlockTable, blocks_needed, cdiv
 from .errors import (
     BlocksInUseError,
     CacheNotAllocatedError,
@@ -21,12 +21,12 @@ from .errors import (
     SequenceStateError,
     UnknownSequenceError,
 )
-from .free_queue import FreeBlockQueue
+from .block_manager import AllocatorStats, BlockManager, FreeBlockQueue
 from .prefix_cache import block_key, chain_keys
 
 __version__ = "0.1.0"
 
-_NEED_TORCH = {"AllocatorStats": ".allocator", "BlockManager": ".block_manager", "PagedKVCacheAllocator": ".allocator"}
+_NEED_TORCH = {"PagedKVCacheAllocator": ".allocator"}
 
 
 def __getattr__(name: str):  # the allocator imports torch: loaded on first use, so `paged-kv doctor` runs without it

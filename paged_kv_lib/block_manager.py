@@ -1,39 +1,283 @@
 """``BlockManager``: which sequence holds which block. Bookkeeping only, no tensors.
 
-Its state: ``_pool`` (the :class:`BlockPool`: one :class:`Block` per physical block, the
-:class:`FreeBlockQueue`, the :class:`PrefixCache`; ``_blocks``, ``_free`` and ``_prefix`` name its
-parts), ``_tables`` (each resident sequence's :class:`BlockTable`), ``_swap`` (the
-:class:`SwapSpace`: the CPU pool and the swapped-out sequences' tables) and ``_limits`` (the length up
-to which each resident sequence may grow on the unchecked fast path of :meth:`append_tokens`).
+Everything a paged allocator decides lives here, so one file answers "who holds what, and why":
 
-It alone changes ref counts, and it answers the scheduler's questions (can these sequences
-grow, can this one swap in) with the arithmetic the acts use. Every public method checks
-before it changes anything: a call that raises changes nothing. It moves no bytes: copy-on-write
-calls ``on_copy(src, dst)``; ``swap_out``/``swap_in`` return the block ids whose bytes to move.
+* the free queue (:class:`FreeBlockQueue`), the blocks handed out next;
+* the manager's state: one :class:`~paged_kv_lib.block.Block` per physical block (ref count,
+  content key), the free queue, the prefix cache (content key -> block), each resident
+  sequence's :class:`~paged_kv_lib.block.BlockTable`, and the CPU swap pool with the tables of
+  the sequences swapped out to it;
+* its rules, each written once as a helper the questions and the acts share: what a growth
+  step takes (:func:`growth_demand`), the watermark, what a prompt takes (``_plan_prompt``);
+* the acts, each checking before it changes anything (a call that raises changes nothing),
+  the scheduler's one call per step among them (:meth:`BlockManager.allocate_slots`, which
+  returns ``None`` rather than grow what does not fit), and the questions;
+* :class:`AllocatorStats` and :meth:`BlockManager.check_invariants`.
+
+It alone changes ref counts. It moves no bytes: copy-on-write calls ``on_copy(src, dst)``, and
+``swap_out``/``swap_in`` return the block ids whose bytes to move.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+import math
+from array import array
+from collections import deque
+from dataclasses import asdict, dataclass
+from itertools import chain
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Union
 
-from ._validate import as_count, as_seq_id, as_token_ids
-from .block import Block
-from .block_pool import BlockPool
-from .block_questions import BlockQuestions
-from .block_table import BlockTable
-from .errors import BlocksInUseError, DuplicateSequenceError
-from .errors import OutOfBlocksError, SequenceStateError, UnknownSequenceError
-from .growth import DecodeBatch, add_blocks, append_tokens_batch, copy_shared, grow_checked
-from .invariants import check_invariants
-from .pool_stats import AllocatorStats, pool_stats
-from .prefix_cache import PromptPlan, as_extra_key
-from .swap_space import SwapSpace
+from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_ids
+from .block import Block, BlockTable, cdiv, tokens_in_blocks
+from .errors import BlocksInUseError, DuplicateSequenceError, EmptyFreeQueueError, InvalidArgumentError
+from .errors import InvalidTypeError, InvariantError, OutOfBlocksError, SequenceStateError, UnknownSequenceError
+from .prefix_cache import PrefixCache, as_extra_key, chain_keys, extend_chain
 
 TokenIds = Optional[Sequence[int]]
 ExtraKey = Optional[Union[bytes, str]]
+Placed = Dict[int, Tuple[int, ...]]
+NOT_QUEUED = -2
 
 
-class BlockManager(BlockQuestions):
+class FreeBlockQueue:
+    """The free blocks, in the order they are handed out: an O(1) FIFO with removal from the middle.
+
+    The seed used ``collections.deque``; a prefix-cache hit on a block in the middle of the queue must
+    take it out, and ``deque.remove`` scans the queue (O(n)). Here the queue is a doubly linked list
+    threaded through two int arrays indexed by block id (``_prev``, ``_next``; index ``num_blocks`` is the
+    sentinel), so popping the head, appending at the tail and removing any block are O(1). Invariants
+    (:meth:`check`): following ``_next`` from the head visits every queued block once and ends at the
+    tail, ``_prev`` mirrors it; a block is queued exactly when ``_prev[block_id] != NOT_QUEUED``. Freed
+    blocks go to the tail, so the head is the least recently freed (LRU eviction of cached blocks).
+    A bad id raises a typed error and an over-long pop :class:`EmptyFreeQueueError`, changing nothing.
+    """
+
+    __slots__ = ("_prev", "_next", "_sentinel", "_len")
+
+    def __init__(self, num_blocks: int, block_ids: Iterable[int] = ()) -> None:
+        num_blocks = as_count(num_blocks, "num_blocks")
+        self._sentinel = num_blocks
+        self._prev: List[int] = [NOT_QUEUED] * num_blocks + [num_blocks]
+        self._next: List[int] = [NOT_QUEUED] * num_blocks + [num_blocks]
+        self._len = 0
+        self.extend(block_ids)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, block_id: object) -> bool:
+        return type(block_id) is int and 0 <= block_id < self._sentinel and self._prev[block_id] != NOT_QUEUED
+
+    def __iter__(self) -> Iterator[int]:
+        """Block ids from head (next to be handed out) to tail."""
+        node = self._next[self._sentinel]
+        while node != self._sentinel:
+            yield node
+            node = self._next[node]
+
+    def __repr__(self) -> str:
+        return f"FreeBlockQueue({list(self)})"
+
+    def peek(self) -> int:
+        """The id at the head, without removing it."""
+        if self._len == 0:
+            raise EmptyFreeQueueError("peek from an empty free queue")
+        return self._next[self._sentinel]
+
+    def popleft(self) -> int:
+        """Remove and return the id at the head."""
+        if self._len == 0:
+            raise EmptyFreeQueueError("pop from an empty free queue")
+        return self.pop_many(1)[0]
+
+    def pop_many(self, n: int) -> List[int]:
+        """Remove and return the ``n`` ids at the head, in order (one call for a whole allocation)."""
+        if type(n) is not int:
+            raise InvalidTypeError(f"n must be an int, got {type(n).__name__} {n!r}")
+        if n < 0:
+            raise InvalidArgumentError(f"n must be >= 0, got {n}")
+        if n > self._len:
+            raise EmptyFreeQueueError(f"pop {n} from a free queue of {self._len}")
+        sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
+        ids = []
+        block_id = next_of[sentinel]
+        for _ in range(n):
+            ids.append(block_id)
+            after = next_of[block_id]
+            prev_of[block_id] = next_of[block_id] = NOT_QUEUED
+            block_id = after
+        next_of[sentinel] = block_id
+        prev_of[block_id] = sentinel
+        self._len -= n
+        return ids
+
+    def extend(self, block_ids: Iterable[int]) -> None:
+        """Append several ids at the tail, in order; every id is checked before any is linked."""
+        ids = list(block_ids)
+        for block_id in ids:
+            self._check(block_id, queued=False)
+        if len(set(ids)) != len(ids):
+            twice = next(b for b in ids if ids.count(b) > 1)
+            raise InvalidArgumentError(f"block {twice} appears twice in one extend")
+        self.extend_unchecked(ids)
+
+    def extend_unchecked(self, block_ids: List[int]) -> None:
+        """:meth:`extend` for a caller that knows the ids are valid, distinct and not queued (the manager,
+        releasing blocks whose ref count just fell to 0). Wrong ids corrupt the queue; :meth:`check` says so."""
+        sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
+        tail = prev_of[sentinel]
+        for block_id in block_ids:
+            next_of[tail] = block_id
+            prev_of[block_id] = tail
+            tail = block_id
+        next_of[tail] = sentinel
+        prev_of[sentinel] = tail
+        self._len += len(block_ids)
+
+    def append(self, block_id: int) -> None:
+        """Put ``block_id`` at the tail (it will be handed out last)."""
+        self._check(block_id, queued=False)
+        self.extend_unchecked([block_id])
+
+    def appendleft(self, block_id: int) -> None:
+        """Put ``block_id`` at the head (it will be handed out first)."""
+        self._check(block_id, queued=False)
+        head = self._next[self._sentinel]
+        self._prev[head] = block_id
+        self._next[block_id] = head
+        self._prev[block_id] = self._sentinel
+        self._next[self._sentinel] = block_id
+        self._len += 1
+
+    def remove(self, block_id: int) -> None:
+        """Take ``block_id`` out of the queue, wherever it is, in O(1)."""
+        self._check(block_id, queued=True)
+        prev, nxt = self._prev[block_id], self._next[block_id]
+        self._next[prev] = nxt
+        self._prev[nxt] = prev
+        self._prev[block_id] = self._next[block_id] = NOT_QUEUED
+        self._len -= 1
+
+    def _check(self, block_id: object, *, queued: bool) -> None:
+        """Raise the typed error for a bad id (``queued``: the call needs it in the queue)."""
+        if type(block_id) is not int:
+            raise InvalidTypeError(f"block id must be an int, got {type(block_id).__name__} {block_id!r}")
+        if not 0 <= block_id < self._sentinel:
+            raise InvalidArgumentError(f"block {block_id} is out of range: the queue holds ids 0..{self._sentinel - 1}")
+        if (self._prev[block_id] != NOT_QUEUED) != queued:
+            raise InvalidArgumentError(f"block {block_id} is {'not in' if queued else 'already in'} the free queue")
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` if the links are inconsistent."""
+        seen, node = 0, self._sentinel
+        while True:
+            nxt = self._next[node]
+            assert self._prev[nxt] == node, f"broken link between {node} and {nxt}"
+            if nxt == self._sentinel:
+                break
+            seen += 1
+            assert seen <= self._len, "free queue has a cycle or more nodes than its length"
+            node = nxt
+        assert seen == self._len, f"free queue length {self._len} but {seen} linked"
+        queued = sum(1 for p in self._prev[: self._sentinel] if p != NOT_QUEUED)
+        assert queued == self._len, f"{queued} blocks marked queued, length {self._len}"
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """A snapshot of the pool: block counts, tokens stored, sharing and caching counters."""
+
+    total_blocks: int
+    free_blocks: int
+    used_blocks: int
+    num_sequences: int
+    tokens_stored: int
+    logical_tokens: int
+    utilization: float
+    cached_free_blocks: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    cow_copies: int = 0
+    swapped_sequences: int = 0
+    cpu_free_blocks: int = 0
+    cpu_total_blocks: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Fraction of full prompt blocks looked up that were found cached."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def as_dict(self) -> Dict[str, Any]:
+        out = asdict(self)
+        out["prefix_hit_rate"] = self.prefix_hit_rate
+        return out
+
+
+def watermark_blocks(watermark: float, num_blocks: int) -> int:
+    """Blocks an admission must leave free: ``ceil(watermark * num_blocks)`` (``watermark`` checked, in [0, 1])."""
+    return math.ceil(as_fraction(watermark, "watermark") * num_blocks)
+
+
+def blocks_to_hold(num_tokens: int, num_seqs: int, block_size: int, num_blocks: int, watermark: float) -> int:
+    """The most blocks ``num_seqs`` sequences of up to ``num_tokens`` tokens each may hold (every sequence with
+    private blocks: sharing only lowers it), plus the watermark; the pool can ever serve them if this is at
+    most ``num_blocks``."""
+    num_seqs = as_count(num_seqs, "num_seqs", minimum=1)
+    return num_seqs * cdiv(as_count(num_tokens, "num_tokens"), block_size) + watermark_blocks(watermark, num_blocks)
+
+
+def room_to_grow(table: BlockTable, up_to: int, spare: int, block_size: int, blocks: Sequence[Block]) -> int:
+    """The most tokens, at most ``up_to``, ``table`` can grow by taking at most ``spare`` free blocks: room in
+    its last block and whole new blocks, after a copy of a shared last block with room (:func:`growth_demand`)."""
+    ids = table.block_ids
+    spare -= bool(up_to and table.num_tokens < len(ids) * block_size and blocks[ids[-1]].ref_count > 1)
+    return 0 if spare < 0 else max(0, min(up_to, (len(ids) + spare) * block_size - table.num_tokens))
+
+
+def growth_demand(tables: Sequence[BlockTable], num_tokens: int, block_size: int,
+                  blocks: Sequence[Block]) -> Tuple[int, List[int]]:
+    """What growing every table by ``num_tokens`` in one step takes: ``(free blocks, positions of the tables
+    that take any)``. The one home of the growth rule, for the questions and the acts alike.
+
+    A table takes new blocks for the tokens past its capacity. A last block with room that other tables
+    also hold is copied before the write (copy-on-write); a full one is never written again, so it stays
+    shared. A tail held by ``r`` tables and grown by ``k`` of them is copied ``min(k, r - 1)`` times: the
+    last holder writes in place.
+    """
+    needed = 0
+    takers: List[int] = []
+    growers: Dict[int, int] = {}  # shared tail with room -> listed tables growing it
+    i = -1
+    for table in tables:
+        i += 1
+        ids = table.block_ids
+        room = len(ids) * block_size - table.num_tokens  # free slots in the blocks it holds
+        if room and num_tokens and blocks[ids[-1]].ref_count > 1:
+            growers[ids[-1]] = growers.get(ids[-1], 0) + 1
+            takers.append(i)
+            if num_tokens > room:
+                needed += cdiv(num_tokens - room, block_size)
+        elif num_tokens > room:
+            needed += cdiv(num_tokens - room, block_size)
+            takers.append(i)
+    for tail, k in growers.items():
+        needed += min(k, blocks[tail].ref_count - 1)
+    return needed, takers
+
+
+class PromptPlan(NamedTuple):
+    """What allocating a prompt takes, worked out before anything changes."""
+
+    tokens: Optional[List[int]]
+    salt: Optional[bytes]
+    keys: List[bytes]
+    hits: List[int]  # cached blocks reused, in logical order
+    hit_free: int  # how many of the hits sit in the free queue (taking them shrinks it)
+    new_blocks: int  # fresh blocks to pop off the free queue
+
+
+class BlockManager:
     """Hands out a pool of fixed-size blocks to growing, forking, swapping sequences.
 
     Args:
@@ -52,15 +296,16 @@ class BlockManager(BlockQuestions):
         self.num_cpu_blocks = as_count(num_cpu_blocks, "num_cpu_blocks")
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.on_copy = on_copy
-        self._pool = BlockPool(self.num_blocks)
-        self._blocks, self._free, self._prefix = self._pool.blocks, self._pool.free, self._pool.prefix
+        self._blocks = [Block(i) for i in range(self.num_blocks)]
+        self._free = FreeBlockQueue(self.num_blocks, range(self.num_blocks))
+        self._prefix = PrefixCache()  # content key -> block (free or held); Block.block_hash mirrors it
         self._tables: Dict[int, BlockTable] = {}
-        self._limits: Dict[int, int] = {}  # resident sequence -> length it may reach unchecked
-        self._swap = SwapSpace(self.num_cpu_blocks)
-        self._edits = 0  # changes to resident tables outside append_tokens_batch's memo, which reads it
-        self._batch = DecodeBatch()
+        self._cpu_free: Deque[int] = deque(range(self.num_cpu_blocks))
+        self._swapped: Dict[int, BlockTable] = {}  # swapped-out sequence -> table of CPU block ids
+        self._copy_log: Deque[Tuple[int, int]] = deque(maxlen=4096)
+        self.num_copies = 0
 
-    # ------------------------------------------------------------------ counts
+    # ------------------------------------------------------------------ what it holds
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
@@ -71,22 +316,17 @@ class BlockManager(BlockQuestions):
 
     @property
     def num_free_cpu_blocks(self) -> int:
-        return len(self._swap.free)
+        return len(self._cpu_free)
 
     @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold findable content (they count as free)."""
-        return self._pool.num_cached_free()
-
-    @property
-    def num_copies(self) -> int:
-        """Copy-on-write copies made so far."""
-        return self._pool.num_copies
+        return sum(1 for _, block_id in self._prefix.items() if self._blocks[block_id].ref_count == 0)
 
     @property
     def copy_log(self) -> Tuple[Tuple[int, int], ...]:
         """The copy-on-write copies made, ``(src, dst)`` block ids, oldest first (the last 4,096)."""
-        return tuple(self._pool.copy_log)
+        return tuple(self._copy_log)
 
     @property
     def prefix_counters(self) -> Tuple[int, int]:
@@ -100,19 +340,18 @@ class BlockManager(BlockQuestions):
 
     @property
     def swapped_seq_ids(self) -> Tuple[int, ...]:
-        return tuple(self._swap.tables)
+        return tuple(self._swapped)
 
     def __contains__(self, seq_id: object) -> bool:
-        return type(seq_id) is not bool and (seq_id in self._tables or seq_id in self._swap)
+        return type(seq_id) is not bool and (seq_id in self._tables or seq_id in self._swapped)
 
     def is_swapped(self, seq_id: int) -> bool:
         """Whether the sequence is swapped out (unknown ids raise)."""
-        if as_seq_id(seq_id) in self._swap:
+        if as_seq_id(seq_id) in self._swapped:
             return True
-        self.table(seq_id)  # raises for unknown ids
+        self.table(seq_id)
         return False
 
-    # The seed's names, as the allocator has them (a bookkeeping-only caller needs nothing else).
     @property
     def blocks(self) -> Tuple[Block, ...]:
         """Snapshots of every physical block, by id (copies: editing them changes nothing)."""
@@ -131,17 +370,26 @@ class BlockManager(BlockQuestions):
     @property
     def swapped_block_tables(self) -> Dict[int, BlockTable]:
         """Copies of every swapped-out sequence's table (its block ids are CPU block ids)."""
-        return {seq_id: table.copy() for seq_id, table in self._swap.tables.items()}
+        return {seq_id: table.copy() for seq_id, table in self._swapped.items()}
 
     @property
     def free_cpu_blocks(self) -> Tuple[int, ...]:
         """Free CPU block ids, next handed out first."""
-        return tuple(self._swap.free)
+        return tuple(self._cpu_free)
 
     @property
     def cached_blocks(self) -> Dict[bytes, int]:
         """A copy of the prefix cache's map: content key -> block id (free blocks included)."""
         return dict(self._prefix.items())
+
+    def table(self, seq_id: int) -> BlockTable:
+        """The live table of a resident sequence (read it, never change it); typed errors for bad ids."""
+        table = self._tables.get(seq_id) if type(seq_id) is int else self._tables.get(as_seq_id(seq_id))
+        if table is None:
+            if seq_id in self._swapped:
+                raise SequenceStateError(f"sequence {seq_id} is swapped out; swap_in({seq_id}) first")
+            raise UnknownSequenceError(f"sequence {seq_id!r} is not allocated")
+        return table
 
     def get_block_mapping(self, seq_id: int) -> List[int]:
         """A copy of the sequence's block ids, in logical order."""
@@ -149,10 +397,93 @@ class BlockManager(BlockQuestions):
 
     def get_num_tokens(self, seq_id: int) -> int:
         """How many tokens the sequence holds (swapped out or not)."""
-        table = self._swap.get(as_seq_id(seq_id))
+        table = self._swapped.get(as_seq_id(seq_id))
         return self.table(seq_id).num_tokens if table is None else table.num_tokens
 
-    # ------------------------------------------------------------------ allocate
+    # ------------------------------------------------------------------ questions
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
+        return cdiv(as_count(num_tokens, "num_tokens"), self.block_size)
+
+    def watermark_blocks(self, watermark: float) -> int:
+        """Blocks an admission must leave free: ``ceil(watermark * num_blocks)`` (typed errors for a bad watermark)."""
+        return watermark_blocks(watermark, self.num_blocks)
+
+    def blocks_to_hold(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> int:
+        """The most blocks ``num_seqs`` sequences of up to ``num_tokens`` tokens may hold (private copies), the
+        watermark added: the pool serves them only if this is at most ``num_blocks``."""
+        return blocks_to_hold(num_tokens, num_seqs, self.block_size, self.num_blocks, watermark)
+
+    def can_ever_fit(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> bool:
+        """Whether ``num_seqs`` sequences of up to ``num_tokens`` tokens fit the empty pool, leaving the watermark."""
+        return self.blocks_to_hold(num_tokens, num_seqs=num_seqs, watermark=watermark) <= self.num_blocks
+
+    def can_allocate(self, num_tokens: int, *, token_ids: TokenIds = None, watermark: float = 0.0,
+                     extra_key: ExtraKey = None) -> bool:
+        """Whether a new sequence of ``num_tokens`` tokens fits now, cache hits counted, leaving the watermark."""
+        return self.can_allocate_many([num_tokens], token_ids=[token_ids], watermark=watermark, extra_key=extra_key)
+
+    def can_allocate_many(self, num_tokens: Sequence[int], *, token_ids: Optional[Sequence[TokenIds]] = None,
+                          watermark: float = 0.0, extra_key: ExtraKey = None) -> bool:
+        """Whether several new sequences (``num_tokens[i]`` tokens each) fit now together, leaving the watermark.
+
+        Cache hits are counted per sequence against today's cache, a free cached block once however
+        many of them hit it; blocks one of them would find in another's fresh blocks are not counted
+        (the answer may say no where allocating one by one would fit, never yes where it would not).
+        """
+        lengths = [as_count(n, "num_tokens") for n in as_iterable(num_tokens, "num_tokens")]
+        tokens = [None] * len(lengths) if token_ids is None else list(as_iterable(token_ids, "token_ids"))
+        if len(tokens) != len(lengths):
+            raise InvalidArgumentError(f"got {len(tokens)} token_ids for {len(lengths)} sequences")
+        reserve = self.watermark_blocks(watermark)
+        new_blocks = 0
+        revived: Set[int] = set()  # free cached blocks some sequence hits: taken off the free queue once
+        for n, ids in zip(lengths, tokens):
+            plan = self._plan_prompt(n, ids, extra_key)
+            new_blocks += plan.new_blocks
+            revived.update(b for b in plan.hits if self._blocks[b].ref_count == 0)
+        return len(self._free) - new_blocks - len(revived) >= reserve
+
+    def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
+        """Free blocks ``append_tokens(seq_id, num_tokens)`` would take now: new blocks, plus one to copy
+        a shared, non-full last block. For this sequence alone (:meth:`can_append` counts shared tails once)."""
+        return growth_demand([self.table(seq_id)], as_count(num_tokens, "num_tokens"), self.block_size,
+                             self._blocks)[0]
+
+    def can_append(self, seq_ids: Iterable[int], num_tokens: int = 1, *, watermark: float = 0.0) -> bool:
+        """Whether every listed sequence can grow by ``num_tokens`` in the same step, leaving the watermark.
+        Unknown, swapped-out or repeated ids raise."""
+        num_tokens = as_count(num_tokens, "num_tokens")
+        reserve = self.watermark_blocks(watermark)
+        _, tables = self._listed(seq_ids, "can_append")
+        return len(self._free) - growth_demand(tables, num_tokens, self.block_size, self._blocks)[0] >= reserve
+
+    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
+        """The most tokens, at most ``up_to``, the sequence can grow by now and leave the watermark free
+        (how much of a prompt's next chunk fits): room in its last block and whole new blocks, after
+        a copy of a shared, non-full last block."""
+        table = self.table(seq_id)
+        spare = len(self._free) - self.watermark_blocks(watermark)
+        return room_to_grow(table, as_count(up_to, "up_to"), spare, self.block_size, self._blocks)
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], *, extra_key: ExtraKey = None) -> int:
+        """How many leading tokens of a prompt the prefix cache holds now (whole blocks); changes nothing."""
+        if not hasattr(token_ids, "__len__"):
+            raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
+        return len(self._plan_prompt(len(token_ids), token_ids, extra_key).hits) * self.block_size
+
+    def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
+        """Whether a swapped-out sequence fits back now (one device block per CPU block it holds)."""
+        reserve = self.watermark_blocks(watermark)
+        return len(self._free) - len(self._swapped_table(seq_id).block_ids) >= reserve
+
+    def can_swap_out(self, seq_ids: Iterable[int]) -> bool:
+        """Whether the CPU pool has room for all these resident sequences at once (a private CPU block for
+        every block each holds, shared ones too). Unknown, swapped-out or repeated ids raise."""
+        _, tables = self._listed(seq_ids, "can_swap_out")
+        return sum(len(t.block_ids) for t in tables) <= len(self._cpu_free)
+
+    # ------------------------------------------------------------------ admit a prompt
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None,
                               extra_key: ExtraKey = None) -> int:
         """Give a new sequence the blocks for its prompt; returns how many prompt tokens were found cached.
@@ -164,16 +495,43 @@ class BlockManager(BlockQuestions):
         num_prompt_tokens = as_count(num_prompt_tokens, "num_prompt_tokens")
         self._check_new_id(seq_id)
         plan = self._plan_prompt(num_prompt_tokens, token_ids, extra_key)
-        if plan.taken_from_free > len(self._free):
+        if plan.new_blocks + plan.hit_free > len(self._free):
             raise OutOfBlocksError(plan.new_blocks, len(self._free) - plan.hit_free, f"allocate sequence {seq_id}")
+        return self._admit(seq_id, num_prompt_tokens, plan)
+
+    def allocate_prompt(self, seq_id: int, prompt: Sequence[int], *, max_new_tokens: Optional[int] = None,
+                        watermark: float = 0.0, extra_key: ExtraKey = None) -> Optional[int]:
+        """The scheduler's one call to admit a prompt: place its cached prefix and up to ``max_new_tokens`` more
+        of its tokens (all of them by default), leaving the watermark free; returns how many were found
+        cached, or ``None`` (nothing changed) when that does not fit. The sequence then holds
+        ``min(len(prompt), cached + max_new_tokens)`` tokens."""
+        seq_id = as_seq_id(seq_id)
+        self._check_new_id(seq_id)
+        if not hasattr(prompt, "__len__"):
+            raise InvalidTypeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__}")
+        reserve = self.watermark_blocks(watermark)
+        plan = self._plan_prompt(len(prompt), prompt, extra_key)
+        cached = len(plan.hits) * self.block_size
+        total = len(prompt) if max_new_tokens is None else min(len(prompt), cached + as_count(max_new_tokens,
+                                                                                              "max_new_tokens"))
+        full = total // self.block_size  # the plan of the placed part: its full blocks' keys, the same hits
+        plan = plan._replace(tokens=None if plan.tokens is None else plan.tokens[:total], keys=plan.keys[:full],
+                             new_blocks=cdiv(total, self.block_size) - len(plan.hits))
+        if len(self._free) - plan.new_blocks - plan.hit_free < reserve:
+            return None
+        return self._admit(seq_id, total, plan)
+
+    def _admit(self, seq_id: int, num_tokens: int, plan: PromptPlan) -> int:
+        """Allocate a new sequence's prompt as planned (the blocks are there); returns the tokens found cached."""
         self._prefix.queries += len(plan.keys)
         self._prefix.hits += len(plan.hits)
-        self._pool.take_hits(plan.hits)
-        table = BlockTable(plan.hits + self._pool.take(plan.new_blocks), num_prompt_tokens, plan.tokens,
-                           plan.keys, plan.salt)
-        self._pool.register(table, len(plan.hits))
+        for block_id in plan.hits:
+            if self._blocks[block_id].ref_count == 0:
+                self._free.remove(block_id)
+            self._blocks[block_id].ref_count += 1
+        table = BlockTable(plan.hits + self._take(plan.new_blocks), num_tokens, plan.tokens, plan.keys, plan.salt)
+        self._register(table, len(plan.hits))
         self._tables[seq_id] = table
-        self._refresh_limit(seq_id, table)
         return len(plan.hits) * self.block_size
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
@@ -181,10 +539,9 @@ class BlockManager(BlockQuestions):
         parent = self.table(parent_seq_id)
         child_seq_id = as_seq_id(child_seq_id)
         self._check_new_id(child_seq_id)
-        self._pool.share(parent.block_ids)
+        for block_id in parent.block_ids:
+            self._blocks[block_id].ref_count += 1
         self._tables[child_seq_id] = parent.copy()
-        self._limits[parent_seq_id] = self._limits[child_seq_id] = 0  # their last block is shared now
-        self._edits += 1
 
     def free_sequence(self, seq_id: int) -> None:
         """Release a sequence's blocks (resident or swapped out); an unknown id is a no-op, as in the seed.
@@ -195,13 +552,31 @@ class BlockManager(BlockQuestions):
             seq_id = as_seq_id(seq_id)
         table = self._tables.pop(seq_id, None)
         if table is not None:
-            del self._limits[seq_id]
-            self._edits += 1
-            self._pool.release(table.block_ids)
-        elif seq_id in self._swap:
-            self._swap.take(seq_id)
+            self._release(table.block_ids)
+        elif seq_id in self._swapped:
+            self._cpu_free.extend(self._swapped.pop(seq_id).block_ids)
 
     # ------------------------------------------------------------------ grow
+    def allocate_slots(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
+                       token_ids: Optional[Sequence[TokenIds]] = None, watermark: float = 0.0) -> Optional[Placed]:
+        """The scheduler's one call per decode step (vLLM's ``allocate_slots``): grow every listed sequence by
+        ``num_tokens``, leaving the watermark free, and return ``{seq_id: block ids placed}`` for those that
+        got a new or copied block; or return ``None``, changing nothing, when they do not all fit.
+
+        ``token_ids[i]`` are sequence ``i``'s new tokens, so blocks that fill up become cacheable (a block's key
+        is computed once, when it fills). Bad arguments raise typed errors, changing nothing. The result is
+        what one ``append_tokens`` per sequence, in the listed order, would do.
+        """
+        return self._grow_listed(seq_ids, num_tokens, token_ids, self.watermark_blocks(watermark))[0]
+
+    def append_tokens_batch(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
+                            token_ids: Optional[Sequence[TokenIds]] = None) -> Placed:
+        """:meth:`allocate_slots` that raises :class:`OutOfBlocksError` (changing nothing) when they do not fit."""
+        placed, needed, count = self._grow_listed(seq_ids, num_tokens, token_ids, 0)
+        if placed is None:
+            raise OutOfBlocksError(needed, len(self._free), f"grow {count} sequences by {num_tokens}")
+        return placed
+
     def append_tokens(self, seq_id: int, num_tokens: int = 1, *, token_ids: TokenIds = None) -> Tuple[int, ...]:
         """Grow a sequence by ``num_tokens``, adding exactly the blocks it now needs; returns the block ids placed.
 
@@ -209,25 +584,22 @@ class BlockManager(BlockQuestions):
         seed's ``(length + 1) % block_size == 0`` asked one token early). A shared, non-full last block is
         copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable.
         """
-        # Fast path, most decode steps: plain ints, room in an unshared last block, no content tracking.
-        if token_ids is None and type(num_tokens) is int and type(seq_id) is int:
-            try:
-                table = self._tables[seq_id]
-            except KeyError:
-                raise self._missing(seq_id) from None
-            new_len = table.num_tokens + num_tokens
-            if table.num_tokens <= new_len <= self._limits[seq_id]:
-                table.num_tokens = new_len
-                self._edits += 1
+        table = self._tables.get(seq_id) if type(seq_id) is int else None
+        if table is None:
+            table = self.table(seq_id)  # raises the typed error
+        elif token_ids is None and table.token_ids is None and type(num_tokens) is int and num_tokens >= 0:
+            ids = table.block_ids  # most calls: the tokens fit in a last block the sequence holds alone
+            room = len(ids) * self.block_size - table.num_tokens
+            if num_tokens <= room and (not num_tokens or self._blocks[ids[-1]].ref_count == 1):
+                table.num_tokens += num_tokens
                 return ()
-            if num_tokens >= 0:  # args checked: a block boundary, or a shared tail to copy first
-                capacity = len(table.block_ids) * self.block_size
-                if self._limits[seq_id] == capacity and table.token_ids is None:  # whole new blocks only
-                    return add_blocks(self, seq_id, table, new_len, capacity)
-                return grow_checked(self, seq_id, table, num_tokens, None)
-        return grow_checked(self, seq_id, self.table(seq_id), as_count(num_tokens, "num_tokens"), token_ids)
-
-    append_tokens_batch = append_tokens_batch  # growth.py: the decode step's one call, with its memo
+        num_tokens = as_count(num_tokens, "num_tokens")
+        tokens: Optional[List[Optional[List[int]]]] = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
+        placed, needed = self._grow([seq_id], [table], num_tokens, tokens, 0)
+        if placed is None:
+            raise OutOfBlocksError(needed, len(self._free), f"grow sequence {seq_id} to "
+                                   f"{table.num_tokens + num_tokens} tokens")
+        return placed.get(seq_id, ())
 
     def append_block_to_sequence(self, seq_id: int) -> int:
         """The seed's low-level step: reserve one more (empty) block for a sequence whose blocks are full.
@@ -236,20 +608,22 @@ class BlockManager(BlockQuestions):
         """
         table = self.table(seq_id)
         if table.num_tokens < len(table.block_ids) * self.block_size:
-            raise SequenceStateError(
-                f"sequence {seq_id} still has room: {table.num_tokens} tokens in "
-                f"{len(table.block_ids)} blocks of {self.block_size}"
-            )
+            raise SequenceStateError(f"sequence {seq_id} still has room: {table.num_tokens} tokens in "
+                                     f"{len(table.block_ids)} blocks of {self.block_size}")
         if not self._free:
             raise OutOfBlocksError(1, 0, f"append a block to sequence {seq_id}")
-        (block_id,) = self._pool.take(1)
+        (block_id,) = self._take(1)
         table.append_block(block_id)
-        self._refresh_limit(seq_id, table)
         return block_id
 
     def make_writable(self, seq_id: int, logical_blocks: Iterable[int]) -> Tuple[Tuple[int, int], ...]:
-        """Before a write into these logical blocks, copy each one other tables hold; returns the copies."""
-        return copy_shared(self, seq_id, self.table(seq_id), logical_blocks)
+        """Before a write into these logical blocks, copy each one other tables hold (all or none: refused
+        when too few blocks are free); returns the copies ``(src, dst)``."""
+        table = self.table(seq_id)
+        shared = [i for i in sorted(set(logical_blocks)) if self._blocks[table.block_ids[i]].ref_count > 1]
+        if len(shared) > len(self._free):
+            raise OutOfBlocksError(len(shared), len(self._free), f"copy shared blocks of sequence {seq_id}")
+        return tuple(self._copy_on_write(table, i) for i in shared)
 
     # ------------------------------------------------------------------ swap
     def swap_out(self, seq_id: int) -> Tuple[List[int], List[int]]:
@@ -259,13 +633,14 @@ class BlockManager(BlockQuestions):
         """
         table = self.table(seq_id)
         n = len(table.block_ids)
-        if n > len(self._swap.free):
-            raise OutOfBlocksError(n, len(self._swap.free), f"swap out sequence {seq_id}", pool="CPU")
+        if n > len(self._cpu_free):
+            raise OutOfBlocksError(n, len(self._cpu_free), f"swap out sequence {seq_id}", pool="CPU")
         device_ids = table.block_ids
-        del self._tables[seq_id], self._limits[seq_id]
-        self._edits += 1
-        self._pool.release(device_ids)
-        return list(device_ids), self._swap.store(seq_id, table)
+        del self._tables[seq_id]
+        self._release(device_ids)
+        table.block_ids = [self._cpu_free.popleft() for _ in range(n)]
+        self._swapped[seq_id] = table
+        return list(device_ids), list(table.block_ids)
 
     def swap_in(self, seq_id: int) -> Tuple[List[int], List[int]]:
         """Bring a swapped-out sequence back onto fresh device blocks; returns ``(cpu_ids, device_ids)`` to copy."""
@@ -273,76 +648,261 @@ class BlockManager(BlockQuestions):
         n = len(table.block_ids)
         if n > len(self._free):
             raise OutOfBlocksError(n, len(self._free), f"swap in sequence {seq_id}")
-        self._swap.take(seq_id)
+        del self._swapped[seq_id]
         cpu_ids = table.block_ids
-        table.block_ids = self._pool.take(n)
-        self._pool.register(table, 0)
+        self._cpu_free.extend(cpu_ids)
+        table.block_ids = self._take(n)
+        self._register(table, 0)
         self._tables[seq_id] = table
-        self._refresh_limit(seq_id, table)
         return list(cpu_ids), list(table.block_ids)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block's content key (after new weights); refused while any block is in use."""
-        used = self.num_used_blocks
-        if used:
-            raise BlocksInUseError(f"cannot reset the prefix cache: {used} blocks are in use")
-        return self._pool.forget_content()
+        if self.num_used_blocks:
+            raise BlocksInUseError(f"cannot reset the prefix cache: {self.num_used_blocks} blocks are in use")
+        dropped = len(self._prefix)
+        for _, block_id in list(self._prefix.items()):
+            self._blocks[block_id].block_hash = None
+        self._prefix.clear()
+        return dropped
 
-    # ------------------------------------------------------------------ lookups
-    def table(self, seq_id: int) -> BlockTable:
-        """The live table of a resident sequence (read it, never change it); typed errors for bad ids."""
-        if type(seq_id) is not int:
-            seq_id = as_seq_id(seq_id)
-        table = self._tables.get(seq_id)
-        if table is None:
-            raise self._missing(seq_id)
-        return table
-
+    # ------------------------------------------------------------------ inspection
     def stats(self) -> AllocatorStats:
-        """Block counts, tokens stored (distinct filled slots), utilization and sharing counters."""
-        return pool_stats(self)
+        """Block counts, tokens stored (distinct filled slots, a shared block's fullest use once), utilization
+        and sharing counters; ``logical_tokens`` counts every sequence's tokens."""
+        fill: Dict[int, int] = {}
+        for table in self._tables.values():
+            for block_id, here in zip(table.block_ids, tokens_in_blocks(table.num_tokens, len(table),
+                                                                         self.block_size)):
+                fill[block_id] = max(here, fill.get(block_id, 0))
+        used, stored = self.num_used_blocks, sum(fill.values())
+        return AllocatorStats(
+            self.num_blocks, len(self._free), used, len(self._tables), stored,
+            sum(t.num_tokens for t in self._tables.values()), stored / (used * self.block_size) if used else 0.0,
+            self.num_cached_free_blocks, self._prefix.queries, self._prefix.hits, self.num_copies,
+            len(self._swapped), len(self._cpu_free), self.num_cpu_blocks)
 
     def check_invariants(self) -> None:
-        """Raise :class:`InvariantError` if the bookkeeping is inconsistent (it never should be)."""
-        check_invariants(self)
+        """Raise :class:`InvariantError` naming the first inconsistency (it never should find one).
+
+        free + used == total and a block is either free (maybe still cached) or held; its ref count is
+        the number of resident tables holding it; it carries a hash exactly when the prefix cache maps
+        that hash to it, and a held block with a hash is full in every table; a table holds
+        ``ceil(tokens / block_size)`` blocks, or one more (an empty reserve after a full last block),
+        and token ids and keys that match its count; each CPU block is free or held by one swapped table.
+        """
+        try:
+            self._free.check()
+        except AssertionError as exc:
+            raise InvariantError(f"free queue: {exc}") from None
+        holders, full_in_all = [0] * self.num_blocks, [True] * self.num_blocks
+        for seq_id, table in chain(self._tables.items(), self._swapped.items()):
+            least = cdiv(table.num_tokens, self.block_size)
+            if not least <= len(table.block_ids) <= least + 1:
+                raise InvariantError(f"sequence {seq_id} has {table.num_tokens} tokens in {len(table)} blocks")
+            if len(table.block_ids) == least + 1 and table.num_tokens % self.block_size:
+                raise InvariantError(f"sequence {seq_id} reserved a block while its last one has room")
+            if table.token_ids is not None and len(table.token_ids) != table.num_tokens:
+                raise InvariantError(f"sequence {seq_id} holds {len(table.token_ids)} token ids for "
+                                     f"{table.num_tokens} tokens")
+            if table.token_ids is not None and len(table.block_keys) != table.num_tokens // self.block_size:
+                raise InvariantError(f"sequence {seq_id} has {len(table.block_keys)} keys for its full blocks")
+        for table in self._tables.values():
+            for i, block_id in enumerate(table.block_ids):
+                holders[block_id] += 1
+                full_in_all[block_id] &= (i + 1) * self.block_size <= table.num_tokens
+        for block in self._blocks:
+            if block.ref_count != holders[block.block_id]:
+                raise InvariantError(f"block {block.block_id} has ref_count {block.ref_count} but "
+                                     f"{holders[block.block_id]} tables hold it")
+            if (block.block_id in self._free) == (block.ref_count > 0):
+                state = "queued as free" if block.ref_count else "missing from the free queue"
+                raise InvariantError(f"block {block.block_id} has ref_count {block.ref_count} but is {state}")
+            if block.block_hash is not None and self._prefix.get(block.block_hash) != block.block_id:
+                raise InvariantError(f"block {block.block_id} has a hash the prefix cache does not map to it")
+            if block.block_hash is not None and block.ref_count and not full_in_all[block.block_id]:
+                raise InvariantError(f"block {block.block_id} carries a hash but is not full")
+        for key, block_id in self._prefix.items():
+            if self._blocks[block_id].block_hash != key:
+                raise InvariantError(f"prefix cache maps a key to block {block_id}, which has another hash")
+        cpu_used = [b for t in self._swapped.values() for b in t.block_ids]
+        if len(set(cpu_used)) != len(cpu_used) or set(cpu_used) & set(self._cpu_free):
+            raise InvariantError("a CPU block is held twice, or held and free")
+        if len(cpu_used) + len(self._cpu_free) != self.num_cpu_blocks:
+            raise InvariantError("CPU free + used blocks != total")
+        if set(self._tables) & set(self._swapped):
+            raise InvariantError("a sequence is both resident and swapped out")
+
+    # ------------------------------------------------------------------ internals
+    def _grow_listed(self, seq_ids: Iterable[int], num_tokens: int, token_ids: Optional[Sequence[TokenIds]],
+                     reserve: int) -> Tuple[Optional[Placed], int, int]:
+        """Check a growth call's arguments (ids, count, token ids), then :meth:`_grow` them."""
+        if type(num_tokens) is not int or num_tokens < 0:
+            num_tokens = as_count(num_tokens, "num_tokens")
+        ids, tables = self._listed(seq_ids, "allocate_slots")
+        tokens: Optional[List[Optional[List[int]]]] = None
+        if token_ids is not None:
+            if len(token_ids) != len(ids):
+                raise InvalidArgumentError(f"token_ids has {len(token_ids)} entries for {len(ids)} sequences")
+            tokens = self._token_rows(token_ids, num_tokens)
+        placed, needed = self._grow(ids, tables, num_tokens, tokens, reserve)
+        return placed, needed, len(ids)
+
+    def _grow(self, ids: Sequence[int], tables: List[BlockTable], num_tokens: int,
+              tokens: Optional[List[Optional[List[int]]]], reserve: int) -> Tuple[Optional[Placed], int]:
+        """Grow checked tables in listed order if :func:`growth_demand` leaves ``reserve`` blocks free: copy a
+        shared last block, take new blocks, count the tokens, key the blocks that fill. Returns the blocks
+        placed (``None`` when refused: nothing changed) and the blocks the growth takes."""
+        block_size = self.block_size
+        needed, takers = growth_demand(tables, num_tokens, block_size, self._blocks)
+        if len(self._free) - needed < reserve:
+            return None, needed
+        placed: Placed = {}
+        if tokens is None:  # no content to key: the blocks first, then the counts
+            for i in takers:
+                got = self._place(tables[i], num_tokens)
+                if got:  # the last holder of a shared tail writes in place, taking nothing
+                    placed[ids[i]] = got
+            for table in tables:
+                table.num_tokens += num_tokens
+                if table.token_ids is not None:
+                    table.token_ids = None  # the content is unknown from here on: no more keys
+            return placed, needed
+        waiting = iter(takers)
+        taker = next(waiting, -1)
+        for i in range(len(tables)):  # in listed order, as one append_tokens per sequence would
+            table = tables[i]
+            if i == taker:
+                got = self._place(table, num_tokens)
+                if got:
+                    placed[ids[i]] = got
+                taker = next(waiting, -1)
+            table.num_tokens += num_tokens
+            seen, new_tokens = table.token_ids, tokens[i]
+            if seen is None or new_tokens is None:
+                table.token_ids = None
+            else:
+                seen += new_tokens
+                if table.num_tokens >= (len(table.block_keys) + 1) * block_size:  # a block filled: key it, once
+                    start = len(table.block_keys)
+                    extend_chain(table.block_keys, seen, block_size, table.extra_key)
+                    self._register(table, start)
+        return placed, needed
+
+    def _place(self, table: BlockTable, num_tokens: int) -> Tuple[int, ...]:
+        """The blocks a growing table takes (the demand counted them): a copy of its shared last block with
+        room, then new blocks for the tokens past its capacity."""
+        got = []
+        ids = table.block_ids
+        if table.num_tokens < len(ids) * self.block_size and self._blocks[ids[-1]].ref_count > 1:
+            got.append(self._copy_on_write(table, len(ids) - 1)[1])
+        short = cdiv(table.num_tokens + num_tokens, self.block_size) - len(ids)
+        if short > 0:
+            new = self._take(short)
+            ids += new
+            got += new
+        return tuple(got)
+
+    def _token_rows(self, token_ids: Sequence[TokenIds], num_tokens: int) -> List[Optional[List[int]]]:
+        """Each sequence's new token ids, checked (``num_tokens`` ints in 64 bits each, or ``None``); one pass at
+        C speed for the common case of lists of ints, ``None`` for all when prefix caching is off."""
+        rows: List[Any] = token_ids if type(token_ids) is list else list(token_ids)
+        try:
+            if set(map(type, rows)) == {list} and set(map(len, rows)) == {num_tokens}:
+                flat = list(chain.from_iterable(rows))
+                array("q", flat)  # every one an int in 64 bits, at C speed
+                if bool not in map(type, flat):
+                    return rows if self.enable_prefix_caching else [None] * len(rows)
+        except (TypeError, OverflowError):
+            pass
+        rows = [None if t is None else as_token_ids(t, num_tokens) for t in rows]  # raises the typed error
+        return rows if self.enable_prefix_caching else [None] * len(rows)
+
+    def _listed(self, seq_ids: Iterable[int], call: str) -> Tuple[Sequence[int], List[BlockTable]]:
+        """A call's sequence ids and their live tables, checked: ints, distinct, resident (typed errors)."""
+        ids: Any = seq_ids if type(seq_ids) in (list, tuple) else tuple(as_iterable(seq_ids, "seq_ids"))
+        try:
+            if len(set(ids)) == len(ids) and set(map(type, ids)) <= {int}:
+                return ids, list(map(self._tables.__getitem__, ids))
+        except (KeyError, TypeError):
+            pass
+        seen = set()
+        for seq_id in ids:
+            self.table(seq_id)
+            if seq_id in seen:
+                raise InvalidArgumentError(f"sequence {seq_id} is listed twice in {call}")
+            seen.add(seq_id)
+        raise AssertionError("unreachable: one of the ids is bad")
+
+    def _plan_prompt(self, num_tokens: int, token_ids: TokenIds, extra_key: ExtraKey) -> PromptPlan:
+        """What allocating a prompt would take (keys, cache hits, blocks from the free queue); changes nothing.
+        Token ids are checked, and count only with prefix caching on."""
+        tokens = None if token_ids is None else as_token_ids(token_ids, num_tokens)
+        if not self.enable_prefix_caching:
+            tokens = None
+        salt = as_extra_key(extra_key)
+        keys = chain_keys(tokens, self.block_size, salt) if tokens is not None else []
+        hits = self._prefix.longest_prefix(keys)
+        hit_free = sum(1 for b in hits if self._blocks[b].ref_count == 0)
+        return PromptPlan(tokens, salt, keys, hits, hit_free, cdiv(num_tokens, self.block_size) - len(hits))
+
+    def _take(self, n: int) -> List[int]:
+        """Pop ``n`` blocks off the free queue, each now held once; the cached content they held is evicted."""
+        ids = self._free.pop_many(n)
+        for block_id in ids:
+            block = self._blocks[block_id]
+            block.ref_count = 1
+            if block.block_hash is not None:
+                self._prefix.remove(block.block_hash)
+                block.block_hash = None
+        return ids
+
+    def _release(self, block_ids: List[int]) -> None:
+        """Drop one reference to each block; those nobody holds join the free queue tail block first (so tail
+        blocks are reused before head blocks, which a later prompt is likelier to share)."""
+        released = []
+        for block_id in reversed(block_ids):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                released.append(block_id)
+        self._free.extend_unchecked(released)
+
+    def _register(self, table: BlockTable, start: int) -> None:
+        """Make the table's full blocks from logical index ``start`` on findable by content."""
+        if table.token_ids is None:
+            return
+        for key, block_id in zip(table.block_keys[start:], table.block_ids[start:]):
+            block = self._blocks[block_id]
+            if block.block_hash is None and key not in self._prefix:
+                block.block_hash = key
+                self._prefix.insert(key, block_id)
+
+    def _copy_on_write(self, table: BlockTable, index: int) -> Tuple[int, int]:
+        """Give the table a private copy of its shared block at logical ``index``; returns ``(src, dst)``. If
+        ``on_copy`` raises, the fresh block goes back to the head of the free queue and the table keeps src."""
+        src = table.block_ids[index]
+        (dst,) = self._take(1)
+        try:
+            if self.on_copy is not None:
+                self.on_copy(src, dst)
+        except BaseException:
+            self._blocks[dst].ref_count = 0
+            self._free.appendleft(dst)
+            raise
+        self._blocks[src].ref_count -= 1
+        table.block_ids[index] = dst
+        self._copy_log.append((src, dst))
+        self.num_copies += 1
+        return (src, dst)
 
     def _swapped_table(self, seq_id: int) -> BlockTable:
-        seq_id = as_seq_id(seq_id)
-        table = self._swap.get(seq_id)
+        table = self._swapped.get(as_seq_id(seq_id))
         if table is None:
-            self.table(seq_id)  # raises for unknown ids
+            self.table(seq_id)
             raise SequenceStateError(f"sequence {seq_id} is not swapped out")
         return table
 
-    def _missing(self, seq_id: object) -> Exception:
-        if seq_id in self._swap:
-            return SequenceStateError(f"sequence {seq_id} is swapped out; swap_in({seq_id}) first")
-        return UnknownSequenceError(f"sequence {seq_id!r} is not allocated")
-
     def _check_new_id(self, seq_id: int) -> None:
-        if seq_id in self._tables or seq_id in self._swap:
+        if seq_id in self._tables or seq_id in self._swapped:
             raise DuplicateSequenceError(f"sequence {seq_id} is already allocated")
-
-    # ------------------------------------------------------------------ internals
-    def _plan_prompt(self, num_tokens: int, token_ids: TokenIds, extra_key: ExtraKey) -> PromptPlan:
-        """What allocating a prompt would take (keys, cache hits, blocks from the free queue); changes nothing."""
-        return self._pool.plan_prompt(self._tokens(token_ids, num_tokens), as_extra_key(extra_key), num_tokens,
-                                      self.block_size)
-
-    def _tokens(self, token_ids: TokenIds, expected: int) -> Optional[List[int]]:
-        """Validated token ids, or ``None`` when absent or prefix caching is off."""
-        if token_ids is None:
-            return None
-        tokens = as_token_ids(token_ids, expected)
-        return tokens if self.enable_prefix_caching else None
-
-
-    def _refresh_limit(self, seq_id: int, table: BlockTable) -> None:
-        """Recompute up to what length the fast path of ``append_tokens`` may grow this resident table:
-        its capacity when its last block is its own and it tracks no content, else its length."""
-        self._edits += 1
-        ids = table.block_ids
-        if table.token_ids is not None or not ids or self._blocks[ids[-1]].ref_count != 1:
-            self._limits[seq_id] = table.num_tokens
-        else:
-            self._limits[seq_id] = len(ids) * self.block_size

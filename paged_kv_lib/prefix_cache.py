@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Dict, ItemsView, List, NamedTuple, Optional, Sequence, Union
+from typing import Dict, ItemsView, List, Optional, Sequence, Union
 
 from .errors import InvalidTypeError
 
@@ -102,18 +102,3 @@ def as_extra_key(extra_key: Optional[Union[bytes, str]]) -> Optional[bytes]:
     if isinstance(extra_key, bytes):
         return extra_key
     raise InvalidTypeError(f"extra_key must be bytes or str, got {type(extra_key).__name__}")
-
-
-class PromptPlan(NamedTuple):
-    """What allocating a prompt takes, worked out (by the block manager) before anything changes."""
-
-    tokens: Optional[List[int]]
-    salt: Optional[bytes]
-    keys: List[bytes]
-    hits: List[int]  # cached blocks reused, in logical order
-    hit_free: int  # how many of the hits sit in the free queue (taking them shrinks it)
-    new_blocks: int  # fresh blocks to pop off the free queue
-
-    @property
-    def taken_from_free(self) -> int:
-        return self.new_blocks + self.hit_free

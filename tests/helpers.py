@@ -18,25 +18,23 @@ def snapshot(alloc: Union[PagedKVCacheAllocator, BlockManager]) -> Dict[str, Any
     ref counts and hashes, the free queue's order, the prefix cache's map and counters,
     the CPU pool, the copy log and, for an allocator, every device and CPU cache tensor.
     """
-    manager = alloc.manager if isinstance(alloc, PagedKVCacheAllocator) else alloc
     state: Dict[str, Any] = {
-        "free": manager.free_blocks,
-        "blocks": [(b.block_id, b.ref_count, b.block_hash) for b in manager.blocks],
-        "tables": manager.sequence_block_tables,
-        "swapped": manager.swapped_block_tables,
-        "cpu_free": manager.free_cpu_blocks,
-        "prefix": manager.cached_blocks,
-        "prefix_counters": manager.prefix_counters,
-        "copy_log": manager.copy_log,
-        "stats": manager.stats(),
+        "free": alloc.free_blocks,
+        "blocks": [(b.block_id, b.ref_count, b.block_hash) for b in alloc.blocks],
+        "tables": alloc.sequence_block_tables,
+        "swapped": alloc.swapped_block_tables,
+        "cpu_free": alloc.free_cpu_blocks,
+        "prefix": alloc.cached_blocks,
+        "prefix_counters": alloc.prefix_counters,
+        "copy_log": alloc.copy_log,
+        "stats": alloc.stats(),
     }
     if isinstance(alloc, PagedKVCacheAllocator):
-        state["public_tables"] = alloc.sequence_block_tables
         if alloc.k_caches:
             state["k"] = [c.clone() for c in alloc.k_caches]
             state["v"] = [c.clone() for c in alloc.v_caches]
-        if alloc.store.cpu_kv is not None:
-            state["cpu_kv"] = [alloc.store.cpu_kv.clone()]
+        if alloc.cache.cpu_kv is not None:
+            state["cpu_kv"] = [alloc.cache.cpu_kv.clone()]
     return state
 
 

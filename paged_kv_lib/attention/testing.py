@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..block import cdiv
-from ..cache_ops import slots_from_positions, write_slots
+from ..kv_cache import slots_from_positions, write_slots
 
 
 @dataclass

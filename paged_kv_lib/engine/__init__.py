@@ -5,15 +5,15 @@ Each :meth:`Engine.step` is one iteration of the serving loop, under a budget of
 
 1. **Decodes first**: running sequences that finished their prompt get one slot each for
    their newest token, oldest first, as far as the budget goes, all in one
-   ``append_tokens_batch`` call. The scheduler asks the allocator whether they can all
-   grow (``can_append``); while they cannot, the newest running request is preempted, by
-   recompute (free its blocks, requeue it at the front) or by swap (move its K/V to the CPU pool).
+   ``allocate_slots`` call, which grows them all or says they do not fit (changing nothing);
+   while they do not, the newest running request is preempted, by recompute (free its
+   blocks, requeue it at the front) or by swap (move its K/V to the CPU pool).
 2. **Then prompt chunks**: a running sequence mid-prompt grows by its next chunk, as much
    as the budget left and the allocator allow (``appendable_tokens``).
 3. **Admit**: waiting requests join first come, first served while the allocator says
-   their first chunk fits and leaves the watermark free (``can_allocate``,
-   ``can_swap_in``). A prompt's cached prefix (``cached_prefix_tokens``) is reused, not
-   computed; ``n > 1`` samples share the prompt through ``fork`` once it is all in.
+   their first chunk fits and leaves the watermark free (``allocate_prompt``, one call that
+   checks and acts; ``can_swap_in``). A prompt's cached prefix is reused, not computed;
+   ``n > 1`` samples share the prompt through ``fork`` once it is all in.
 
 Then one forward pass carries the decodes and the chunks together (one block-table
 tensor, one slot mapping, one K/V write and one paged attention call per layer), and a
@@ -27,9 +27,11 @@ A step that fails puts the running requests back in the queue with their blocks
 released, so the engine stays usable; a model paged attention cannot serve is refused
 when the engine is built.
 
-The allocator is any :class:`~paged_kv_lib.bookkeeping.EngineAllocator`: the engine asks it
-every question above (and ``can_ever_fit`` for a request that could never fit, ``can_swap_out``
-before a swap, ``can_allocate_many`` for samples re-admitted together) and reads nothing else.
+The allocator is any :class:`~paged_kv_lib.protocols.EngineAllocator`: one call per step grows the
+decodes (``allocate_slots``: the blocks placed, or ``None`` and the newest request is preempted), one
+call admits a prompt (``allocate_prompt``); ``blocks_to_hold`` refuses a request that could never fit,
+``can_swap_out`` comes before a swap, ``can_allocate_many`` before samples re-admitted together. The
+engine reads nothing else.
 Modules: ``loop`` (:class:`Engine`, the requests and the step loop), ``scheduler`` (the queues
 and every scheduling decision), ``forward`` (one forward and its sampling), ``intake`` (the
 typed checks of what callers pass), ``requests``, ``stats``, ``cli``.

@@ -13,7 +13,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from ..bookkeeping import EngineAllocator
+from ..protocols import EngineAllocator
 from ..model import TinyTransformer, sample_token
 from ..model.batch import DecodeAttention
 from .requests import Request, Sample

@@ -2,7 +2,7 @@
 
 Each check raises a :class:`~paged_kv_lib.errors.PagedKVError` subclass naming the value and the
 limit before anything changes; a request that could never fit is asked of the allocator
-(``can_ever_fit``), not worked out here.
+(``blocks_to_hold``), not worked out here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 import torch
 
 from .._validate import as_count, as_iterable
-from ..bookkeeping import EngineAllocator
+from ..protocols import EngineAllocator
 from ..errors import InvalidArgumentError, InvalidTypeError, PagedKVError
 from ..model import TinyTransformer, check_temperature, encode
 from .requests import RequestTooLargeError
@@ -42,7 +42,7 @@ def check_parts(model: Any, allocator: Any) -> None:
     if not isinstance(allocator, EngineAllocator):
         missing = [n for n in protocol_members() if not hasattr(allocator, n)]
         raise InvalidTypeError(
-            f"allocator must implement EngineAllocator (paged_kv_lib.bookkeeping); {type(allocator).__name__} lacks {missing}"
+            f"allocator must implement EngineAllocator (paged_kv_lib.protocols); {type(allocator).__name__} lacks {missing}"
         )
 
 
@@ -92,8 +92,8 @@ def prepare(prompt: Prompt, max_new_tokens: int, n: int, temperature: float, see
         seed = as_count(seed, "seed")
     # The last sampled token is never fed back: a sample holds at most prompt + max_new_tokens - 1 tokens.
     longest = len(ids) + max_new_tokens - 1
-    if not allocator.can_ever_fit(longest, num_seqs=n, watermark=watermark):
-        needed = allocator.blocks_to_hold(longest, num_seqs=n, watermark=watermark)
+    needed = allocator.blocks_to_hold(longest, num_seqs=n, watermark=watermark)
+    if needed > allocator.num_blocks:
         raise RequestTooLargeError(
             f"request can never fit: {n} sample(s) of up to {len(ids)} + {max_new_tokens} - 1 tokens need "
             f"{needed} blocks of {allocator.block_size} (watermark included), but the pool has only "

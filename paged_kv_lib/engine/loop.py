@@ -3,7 +3,7 @@
 The engine owns the requests (ids, seeds, outputs, the tokens each step sampled) and the step
 loop; :class:`~paged_kv_lib.engine.scheduler.Scheduler` decides what each step carries and
 :func:`~paged_kv_lib.engine.forward.run_forward` runs it. Its allocator is any
-:class:`~paged_kv_lib.bookkeeping.EngineAllocator`: the engine asks it every question about
+:class:`~paged_kv_lib.protocols.EngineAllocator`: the engine asks it every question about
 blocks and reads nothing else.
 """
 
@@ -17,8 +17,8 @@ import torch
 
 from .._validate import as_count, as_iterable
 from ..attention import check_supported
-from ..bookkeeping import EngineAllocator
 from ..errors import InvalidArgumentError, InvalidTypeError
+from ..protocols import EngineAllocator
 from ..model import TinyTransformer, sample_generator
 from ..model.batch import DecodeAttention
 from .forward import Chunk, Decode, run_forward
@@ -75,11 +75,11 @@ class Engine:
             raise UnsupportedModelError(f"the engine cannot run this model: {err}") from err
         typed(model.check_allocator, allocator)
         max_batch_size = as_count(max_batch_size, "max_batch_size", minimum=1)
-        reserve = allocator.watermark_blocks(watermark)  # the library's one check of a watermark
-        if not allocator.can_ever_fit(1, watermark=watermark):
+        needed = allocator.blocks_to_hold(1, watermark=watermark)  # the allocator checks the watermark
+        if needed > allocator.num_blocks:
             raise InvalidArgumentError(
-                f"watermark={watermark!r} keeps {reserve} of the pool's {allocator.num_blocks} blocks free: "
-                "no request could ever be admitted"
+                f"watermark={watermark!r} leaves no room: a one-token request needs {needed} of the pool's "
+                f"{allocator.num_blocks} blocks, no request could ever be admitted"
             )
         if not isinstance(preemption_mode, str) or preemption_mode not in PREEMPTION_MODES:
             raise InvalidArgumentError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
@@ -245,9 +245,9 @@ class Engine:
             generated = self._forward(decodes, chunks)
         if not self.running and self.queue and not preempted and not chunks and not decodes:
             head = self.queue[0]
-            raise RuntimeError(  # can_ever_fit refused such requests at add_request; a bug if it happens
+            raise RuntimeError(  # add_request refused such requests at add_request; a bug if it happens
                 f"engine stalled: request {head.request_id} cannot be admitted into an idle pool "
-                f"({self.allocator.num_free_blocks}/{self.allocator.num_blocks} blocks free)"
+                f"({self.allocator.num_blocks - self.allocator.num_used_blocks}/{self.allocator.num_blocks} blocks free)"
             )
         self._retire_finished()
         return self._account(decodes, chunks, generated, preempted, time.perf_counter() - start)

@@ -3,7 +3,7 @@
 It holds the two queues (``queue``: requests waiting to run, new, preempted by recompute or
 swapped out, first come first served; ``running``: oldest first) and decides, every step,
 which decodes and prompt chunks go into the forward, whom to preempt and whom to admit. Every
-question about blocks goes to the allocator (:class:`~paged_kv_lib.bookkeeping.EngineAllocator`):
+question about blocks goes to the allocator (:class:`~paged_kv_lib.protocols.EngineAllocator`):
 the scheduler keeps no rule of its own about what fits.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, List, Optional, Tuple
 
-from ..bookkeeping import EngineAllocator
+from ..protocols import EngineAllocator
 from .forward import Chunk, Decode
 from .requests import Request, Sample, Status
 
@@ -94,25 +94,21 @@ class Scheduler:
     def schedule_decodes(self, budget: int) -> Tuple[List[Decode], int]:
         """Pick the decoding samples this step carries (oldest first, one token each, within the budget) and grow them.
 
-        The allocator says whether they can all grow together (new blocks and copy-on-write
-        copies counted); while it says no, the newest running request is preempted. Returns
-        the decodes and how many requests were preempted.
+        One call to the allocator grows them all and says what it placed (``allocate_slots``); when it
+        says they do not fit (and changed nothing), the newest running request is preempted and the
+        smaller batch asked again. Returns the decodes and how many requests were preempted.
         """
-        alloc = self.allocator
         preempted = 0
         while True:
             decodes = [(r, s) for r in self.running for s in r.resident_samples() if s.prefill is None][:budget]
-            if not decodes or alloc.can_append([s.seq_id for _, s in decodes]):
-                break
+            if not decodes:
+                return decodes, preempted
+            placed = self.allocator.allocate_slots([s.seq_id for _, s in decodes], 1,
+                                                   token_ids=[s.output[-1:] for _, s in decodes])
+            if placed is not None:
+                return decodes, preempted
             self.preempt_newest()
             preempted += 1
-        if decodes:
-            seq_ids = [s.seq_id for _, s in decodes]
-            if alloc.enable_prefix_caching:  # content is only worth telling an allocator that caches
-                alloc.append_tokens_batch(seq_ids, 1, token_ids=[s.output[-1:] for _, s in decodes])
-            else:
-                alloc.append_tokens_batch(seq_ids, 1)
-        return decodes, preempted
 
     def schedule_chunks(self, budget: int) -> List[Chunk]:
         """The next prompt chunk of each running sample that is mid-prefill, oldest first, within the budget."""
@@ -132,23 +128,19 @@ class Scheduler:
     def _next_chunk(self, request: Request, sample: Sample, budget: int, *, watermark: float) -> Optional[Chunk]:
         """Grow the sample by its next prompt chunk (at most ``budget`` tokens) if the allocator has room; else None.
 
-        A sample not yet in the allocator is allocated with its cached prefix plus the chunk
-        (the cached blocks are skipped, not computed; ``can_allocate`` decides, leaving
-        ``watermark``); one already in grows by as much of the chunk as ``appendable_tokens``
-        says fits now. At least the prompt's last token is always computed: its logits give
-        the next token.
+        A sample not yet in the allocator is admitted in one call (``allocate_prompt``: its cached
+        prefix plus the chunk, leaving ``watermark``; the cached blocks are skipped, not computed);
+        one already in grows by as much of the chunk as ``appendable_tokens`` says fits now. At least
+        the prompt's last token is always computed: its logits give the next token.
         """
         alloc = self.allocator
         tokens = sample.prefill
         assert tokens is not None
-        by_content = alloc.enable_prefix_caching
         if sample.computed == 0:
-            hit = alloc.cached_prefix_tokens(tokens) if by_content else 0
-            total = len(tokens) if hit >= len(tokens) else hit + min(len(tokens) - hit, budget)
-            ids = tokens[:total] if by_content else None
-            if not alloc.can_allocate(total, token_ids=ids, watermark=watermark):
+            cached = alloc.allocate_prompt(sample.seq_id, tokens, max_new_tokens=budget, watermark=watermark)
+            if cached is None:
                 return None
-            cached = alloc.allocate_for_sequence(sample.seq_id, total, token_ids=ids)
+            total = min(len(tokens), cached + budget)
             begin = min(cached, total - 1)
             sample.computed = total
             if not request.started:
@@ -159,7 +151,7 @@ class Scheduler:
         if n == 0:
             return None
         new = tokens[begin : begin + n]
-        alloc.append_tokens(sample.seq_id, n, token_ids=new if by_content else None)
+        alloc.allocate_slots([sample.seq_id], n, token_ids=[new])
         sample.computed += n
         return Chunk(request, sample, new, True, sample.computed == len(tokens), 0)
 
@@ -255,8 +247,8 @@ class Scheduler:
     def _fit_together(self, samples: List[Sample]) -> bool:
         """Whether every sample's whole prefill fits now at once, leaving the watermark (the allocator decides)."""
         prefills = [s.prefill or [] for s in samples]
-        ids = prefills if self.allocator.enable_prefix_caching else None
-        return self.allocator.can_allocate_many([len(p) for p in prefills], token_ids=ids, watermark=self.watermark)
+        return self.allocator.can_allocate_many([len(p) for p in prefills], token_ids=prefills,
+                                                watermark=self.watermark)
 
     def _swap_in(self, live: List[Sample]) -> bool:
         """Swap every sample back in if the allocator says each fits; all or none."""

@@ -10,8 +10,8 @@ import torch
 from ..attention import paged_attention, paged_attention_extend, resolve_backend
 from ..attention.batched import BatchPlan, plan_batch
 from ..attention.batched import attend as attend_batched
-from ..bookkeeping import PagedKVView
-from ..cache_ops import cache_rows, slots_from_positions
+from ..protocols import PagedKVView
+from ..kv_cache import cache_rows, slots_from_positions
 
 
 DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -60,7 +60,7 @@ class PagedBatch:
         ``write[i]`` False: sequence ``i``'s new K/V is already cached (a prefix-cache hit).
         Inputs are assumed checked by the forward.
         """
-        device = allocator.device
+        device = allocator.k_caches[0].device
         num_seqs, block_size = len(seq_ids), allocator.block_size
         seq_lens = torch.tensor(lens, dtype=torch.int64, device=device)
         decode = max(q_lens) == 1

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from .._validate import as_count, as_iterable
 from ..errors import InvalidArgumentError
 from .dense import dense_attention
+from .decoder import Decoder
 from .tokens import TokenBatch
-
-if TYPE_CHECKING:
-    from .transformer import TinyTransformer
 
 
 class ContiguousKVCache:
@@ -23,7 +21,7 @@ class ContiguousKVCache:
     the waste paging removes.
     """
 
-    def __init__(self, model: "TinyTransformer", batch_size: int, max_len: int) -> None:
+    def __init__(self, model: Decoder, batch_size: int, max_len: int) -> None:
         cfg = model.config
         self.batch_size = as_count(batch_size, "batch_size", minimum=1)
         self.max_len = as_count(max_len, "max_len", minimum=1)
@@ -46,7 +44,7 @@ class ContiguousKVCache:
 
 
 def forward_contiguous(
-    model: "TinyTransformer", token_ids: TokenBatch, cache: ContiguousKVCache, rows: Optional[Sequence[int]] = None
+    model: Decoder, token_ids: TokenBatch, cache: ContiguousKVCache, rows: Optional[Sequence[int]] = None
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` of new tokens ``[batch, seq]`` appended to cache rows ``rows``."""
     tokens = model.tokens(token_ids)

@@ -2,34 +2,34 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from .._validate import as_iterable
-from ..bookkeeping import PagedKVView
-from ..cache_ops import write_rows, write_slots
+from ..protocols import PagedKVView
+from ..kv_cache import write_rows, write_slots
 from ..errors import InvalidArgumentError, InvalidTypeError
 from .batch import DecodeAttention, PagedBatch
+from .decoder import Decoder
 from .tokens import TokenIds, check_vocab
 
-if TYPE_CHECKING:
-    from .transformer import TinyTransformer
 
-
-def check_allocator(model: "TinyTransformer", allocator: PagedKVView) -> None:
+def check_allocator(model: Decoder, allocator: PagedKVView) -> None:
     """Raise unless ``allocator`` is a :class:`PagedKVView` whose cache has ``model``'s K/V shape."""
     cfg = model.config
     want = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
     try:  # duck-typed: an isinstance check against the protocol would evaluate every property
-        have = (allocator.num_layers, allocator.num_heads, allocator.head_dim, allocator.dtype, allocator.device)
+        caches = allocator.k_caches
     except AttributeError as err:
         raise InvalidTypeError(f"the allocator must be a PagedKVView, got {type(allocator).__name__}") from err
-    if want != have or not allocator.k_caches:
+    first = caches[0] if caches else None  # [num_blocks, num_kv_heads, block_size, head_dim], one per layer
+    have = None if first is None else (len(caches), first.shape[1], first.shape[3], first.dtype, first.device)
+    if want != have:
         raise InvalidArgumentError(
             "the allocator's cache does not fit this model: need (num_layers, num_kv_heads, "
             f"head_dim, dtype, device) = {want}, got {have}"
-            + ("" if allocator.k_caches else " and allocate_cache=False")
+            + ("" if caches else " (allocate_cache=False)")
         )
 
 
@@ -48,7 +48,7 @@ def _chunk_list(chunk: TokenIds, index: int) -> list:
 
 
 def forward_paged(
-    model: "TinyTransformer",
+    model: Decoder,
     allocator: PagedKVView,
     seq_ids: Sequence[int],
     chunks: Sequence[TokenIds],

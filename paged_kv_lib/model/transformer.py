@@ -14,7 +14,7 @@ rotary positions, grouped-query attention and a gated (SwiGLU) MLP. One layer bo
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, cast
+from typing import List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import nn
@@ -22,20 +22,16 @@ from torch.nn import functional as F
 
 from .._validate import as_count
 from ..allocator import PagedKVCacheAllocator
-from ..bookkeeping import PagedKVView
+from ..protocols import PagedKVView
 from ..errors import InvalidArgumentError, InvalidTypeError
 from . import contiguous, paged
+from .batch import DecodeAttention
 from .config import ModelConfig
+from .decoder import AttendFn
 from .dense import dense_attention
 from .layers import DecoderLayer, RMSNorm, apply_rotary, rms_norm, rotary_tables
 from .tokens import TokenBatch, TokenIds, check_vocab
 
-if TYPE_CHECKING:
-    from .batch import DecodeAttention
-    from .contiguous import ContiguousKVCache
-
-# Given (layer index, q, k, v) for the packed tokens, return the attention output.
-AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TinyTransformer(nn.Module):
@@ -172,7 +168,7 @@ class TinyTransformer(nn.Module):
         return self.lm_head(hidden).view(batch, seq, -1)
 
     def forward_contiguous(
-        self, token_ids: TokenBatch, cache: "ContiguousKVCache", rows: Optional[Sequence[int]] = None
+        self, token_ids: TokenBatch, cache: contiguous.ContiguousKVCache, rows: Optional[Sequence[int]] = None
     ) -> torch.Tensor:
         """Logits ``[batch, seq, vocab]`` of new tokens ``[batch, seq]`` appended to cache rows.
 
@@ -188,7 +184,7 @@ class TinyTransformer(nn.Module):
         chunks: Sequence[TokenIds],
         *,
         write: Optional[Sequence[bool]] = None,
-        decode_attention: Optional["DecodeAttention"] = None,
+        decode_attention: Optional[DecodeAttention] = None,
     ) -> torch.Tensor:
         """Run the newest tokens of several sequences with a paged cache; logits of each chunk's last token.
 

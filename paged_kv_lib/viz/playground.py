@@ -282,7 +282,7 @@ class Playground:
         """Bring a swapped-out sequence back onto (possibly different) device blocks."""
         def act() -> str:
             self._need_seq(seq_id)
-            blocks = self.allocator.swap_in(seq_id)
+            _, blocks = self.allocator.swap_in(seq_id)
             return f"swapped in seq {seq_id} -> blocks {list(blocks)}"
 
         return self._run(act)

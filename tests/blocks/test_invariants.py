@@ -10,7 +10,6 @@ import pytest
 
 from paged_kv_lib import InvariantError
 from paged_kv_lib.block_manager import BlockManager
-from paged_kv_lib.invariants import check_invariants
 
 
 def prepared() -> BlockManager:
@@ -25,7 +24,7 @@ def prepared() -> BlockManager:
 
 def test_a_state_the_acts_reach_passes():
     m = prepared()
-    check_invariants(m)
+    m.check_invariants()
     m.check_invariants()
 
 
@@ -45,5 +44,5 @@ def test_each_corruption_is_named(name, corrupt, msg):
     m = prepared()
     corrupt(m)
     with pytest.raises(InvariantError, match=msg) as info:
-        check_invariants(m)
+        m.check_invariants()
     assert isinstance(info.value, AssertionError)

@@ -1,22 +1,23 @@
-"""The engine talks to its allocator through ``EngineAllocator`` only, and asks it every question.
+"""The engine talks to its allocator through ``EngineAllocator`` only, and checks and acts in one call.
 
 A wrapper hands the engine an allocator that records every attribute the engine (and the paged
 forward it calls) reads, and refuses any name outside the protocol. Served through it, with
 swap and recompute preemption, chunked prefill, parallel samples, prefix caching and aborts,
-the engine must produce the no-cache reference's tokens, read nothing else, and ask the
-questions that replaced its own arithmetic (``can_ever_fit``, ``can_swap_out``,
-``can_allocate_many``). The library's allocator, the learner's adapter and ``BlockManager``
-implement the protocol they claim.
+the engine must produce the no-cache reference's tokens and read nothing else. Counted call by
+call, a step grows its decodes with one ``allocate_slots`` call (more only when it preempts) and
+admits a prompt with one ``allocate_prompt`` call. The library's allocator, the learner's adapter
+and ``BlockManager`` implement the protocol they claim.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, List, Set
 
 import pytest
 
 from paged_kv_lib.block_manager import BlockManager
-from paged_kv_lib.bookkeeping import EngineAllocator, EngineBookkeeping, PagedKVView
+from paged_kv_lib.protocols import EngineAllocator, EngineBookkeeping, PagedKVView
 from paged_kv_course.conformance import LearnerBackedAllocator, engine_for
 from paged_kv_lib.engine import Engine
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
@@ -37,14 +38,22 @@ class Recording:
     """Forwards the protocol's members to ``inner``; notes each one read and every other name tried."""
 
     def __init__(self, inner: Any) -> None:
-        self.__dict__.update(inner=inner, touched=set(), refused=[])
+        self.__dict__.update(inner=inner, touched=set(), refused=[], calls=Counter())
 
     def __getattr__(self, name: str) -> Any:
         if name not in ALLOWED:
             self.refused.append(name)
             raise AttributeError(f"{name} is not part of EngineAllocator")
         self.touched.add(name)
-        return getattr(self.inner, name)
+        value = getattr(self.inner, name)
+        if not callable(value):
+            return value
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return value(*args, **kwargs)
+
+        return counted
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +91,7 @@ def test_the_library_allocator_is_driven_through_the_protocol_only(model, mode, 
     assert serve(engine, recording) == expected(model)
     assert recording.refused == []
     assert engine.totals.preemptions > 0  # the pool is tight: the preemption questions were asked
-    asked = {"can_ever_fit", "can_allocate", "can_append", "append_tokens_batch", "fork", "free_sequence"}
+    asked = {"blocks_to_hold", "allocate_prompt", "allocate_slots", "fork", "free_sequence"}
     if mode == "swap":
         asked |= {"can_swap_out", "can_swap_in", "swap_out"}
     elif budget is None:  # a resumed pair of samples, each prefilled whole: both come back or neither
@@ -96,7 +105,7 @@ def test_the_learner_adapter_is_driven_through_the_protocol_only(model) -> None:
     recording = Recording(adapter)
     engine = Engine(model, recording, watermark=0.05, preemption_mode="swap")  # type: ignore[arg-type]
     assert serve(engine, recording) == expected(model)
-    assert recording.refused == [] and {"can_swap_out", "can_ever_fit"} <= recording.touched
+    assert recording.refused == [] and {"can_swap_out", "blocks_to_hold", "allocate_slots"} <= recording.touched
     adapter.check_invariants()
 
 
@@ -107,15 +116,40 @@ def test_the_implementations_claim_the_protocol(model) -> None:
     assert isinstance(adapter, LearnerBackedAllocator)
     manager = BlockManager(8, 4)
     assert isinstance(manager, EngineBookkeeping) and not isinstance(manager, EngineAllocator)
-    assert public_names(EngineBookkeeping) >= {"can_allocate_many", "can_swap_out", "can_ever_fit"}
+    assert public_names(EngineBookkeeping) >= {"allocate_slots", "allocate_prompt", "blocks_to_hold"}
+    assert len(public_names(EngineBookkeeping)) <= 15 and len(public_names(PagedKVView)) <= 5
 
 
 def test_the_engine_refuses_an_object_outside_the_protocol(model) -> None:
     class Partial(Recording):
         def __getattr__(self, name: str) -> Any:
-            if name == "can_swap_out":
+            if name == "allocate_slots":
                 raise AttributeError(name)
             return super().__getattr__(name)
 
-    with pytest.raises(TypeError, match="lacks \\['can_swap_out'\\]"):
+    with pytest.raises(TypeError, match="lacks \\['allocate_slots'\\]"):
         Engine(model, Partial(model.new_allocator(8, 4)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_the_engine_asks_once_per_step_to_grow_and_once_per_admission(model, prefix_caching) -> None:
+    """No preemption: every step that decodes makes exactly one ``allocate_slots`` call, every request
+    admitted exactly one ``allocate_prompt`` call, and no question is asked besides."""
+    inner = model.new_allocator(64, 4, enable_prefix_caching=prefix_caching)
+    recording = Recording(inner)
+    engine = Engine(model, recording, watermark=0.0)  # type: ignore[arg-type]
+    ids = [engine.add_request(p, 6) for p in PROMPTS]
+    decode_steps = 0
+    while engine.has_unfinished():
+        before = Counter(recording.calls)
+        stats = engine.step()
+        step = recording.calls - before
+        assert stats.preempted == 0
+        assert step["allocate_slots"] == (1 if stats.decode_tokens else 0), step
+        assert step["allocate_prompt"] == stats.prefill_sequences, step
+        decode_steps += bool(stats.decode_tokens)
+    assert recording.calls["allocate_prompt"] == len(ids)
+    assert recording.calls["allocate_slots"] == decode_steps > 0
+    asked = set(recording.calls) - {"allocate_slots", "allocate_prompt", "free_sequence", "block_table_tensor",
+                                    "get_num_tokens", "blocks_to_hold"}
+    assert asked == set(), asked

@@ -221,23 +221,23 @@ def test_decode_step_works_on_the_whole_batch_at_once(model, monkeypatch) -> Non
 
 
 # ------------------------------------------------ the engine asks the allocator (issue 17.2)
-def test_decode_scheduling_obeys_the_allocators_can_append(model, monkeypatch) -> None:
-    """The engine keeps no copy of the growth rule: when the allocator says a batch cannot grow,
-    the newest requests give way, whatever the engine might have computed itself."""
+def test_decode_scheduling_obeys_the_allocators_answer(model, monkeypatch) -> None:
+    """The engine keeps no copy of the growth rule: when the allocator's one call says a batch does not fit
+    (``None``), the newest requests give way, whatever the engine might have computed itself."""
     engine = make_engine(model, num_blocks=64, watermark=0.0)
     for prompt in ("one", "two", "three"):
         engine.add_request(prompt, 6)
     engine.step()  # all three admitted and prefilled
     alloc = engine.allocator
-    real = alloc.can_append
+    real = alloc.allocate_slots
     asked = []
 
     def at_most_one(seq_ids, *args, **kwargs):
         seq_ids = list(seq_ids)
         asked.append(len(seq_ids))
-        return len(seq_ids) <= 1 and real(seq_ids, *args, **kwargs)
+        return real(seq_ids, *args, **kwargs) if len(seq_ids) <= 1 else None
 
-    monkeypatch.setattr(alloc, "can_append", at_most_one)
+    monkeypatch.setattr(alloc, "allocate_slots", at_most_one)
     stats = engine.step()
     assert asked == [3, 2, 1] and stats.preempted == 2 and stats.running == 1
     monkeypatch.undo()
@@ -250,12 +250,11 @@ def test_whether_a_request_can_ever_fit_is_the_allocators_answer(model, monkeypa
     engine = make_engine(model, num_blocks=16, watermark=0.1)
     asked = []
 
-    def never(num_tokens, **kw):
+    def too_many(num_tokens, **kw):
         asked.append((num_tokens, kw))
-        return False
+        return 99
 
-    monkeypatch.setattr(engine.allocator, "can_ever_fit", never)
-    monkeypatch.setattr(engine.allocator, "blocks_to_hold", lambda num_tokens, **kw: 99)
+    monkeypatch.setattr(engine.allocator, "blocks_to_hold", too_many)
     with pytest.raises(RequestTooLargeError, match="need 99 blocks") as err:
         engine.add_request(list(range(8)), 2, n=2)  # fits by any count of ours: the allocator says no
     assert asked == [(9, {"num_seqs": 2, "watermark": 0.1})] and err.value.needed == 99

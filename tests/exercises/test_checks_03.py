@@ -59,7 +59,7 @@ def test_every_corruption_is_caught_by_the_starters_checker_and_none_is_a_false_
 
 def test_forbidden_covers_the_answers_of_exercise_03_and_keeps_exercise_02s_starter():
     forbidden = forbidden_modules("03")
-    for module in ("paged_kv_lib.allocator", "paged_kv_lib.invariants", "paged_kv_course.seed",
+    for module in ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_course.seed",
                    "paged_kv_course.conformance.starter", "paged_kv_course.starters.after_03",
                    "paged_kv_course.starters.after_05", "paged_kv_course.grading.checks_03"):
         assert is_forbidden(module, forbidden), module

@@ -42,8 +42,7 @@ def test_every_task_has_a_planted_mistake():
 
 def test_the_library_that_answers_is_forbidden():
     forbidden = forbidden_modules("04")
-    for name in ("paged_kv_course.grading", "paged_kv_lib.cache_ops", "paged_kv_lib.allocator",
-                 "paged_kv_lib.kv_store", "paged_kv_lib.attention"):
+    for name in ("paged_kv_course.grading", "paged_kv_lib.kv_cache", "paged_kv_lib.allocator", "paged_kv_lib.attention"):
         assert name in forbidden
 
 

@@ -19,7 +19,7 @@ from paged_kv_course.grading.checks_06 import (
     lru_order,
     simulate_eviction,
 )
-from paged_kv_lib.free_queue import FreeBlockQueue
+from paged_kv_lib.block_manager import FreeBlockQueue
 from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
 from paged_kv_course.grading.notebook_tasks import cell_meta, read_notebook
 
@@ -137,7 +137,7 @@ def test_planted_wrong_solution_fails_naming_its_mistake(path):
 
 def test_forbidden_covers_sharing_caching_and_the_free_queue():
     forbidden = forbidden_modules("06")
-    for module in ("paged_kv_lib.prefix_cache", "paged_kv_lib.free_queue", "paged_kv_lib.allocator",
+    for module in ("paged_kv_lib.prefix_cache", "paged_kv_lib.block_manager", "paged_kv_lib.allocator",
                    "paged_kv_lib.block_manager", "paged_kv_course.starters.after_06",
                    "paged_kv_course.conformance.starter", "paged_kv_course.grading.checks_06"):
         assert is_forbidden(module, forbidden), module

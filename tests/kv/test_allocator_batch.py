@@ -124,7 +124,7 @@ def test_a_batch_copies_a_shared_tail_once_per_writer_but_the_last():
     assert k is not None
     k[alloc.get_block_mapping(0)[0]] = 5.0
     placed = alloc.append_tokens_batch([0, 1, 2])
-    assert len(placed) == 2 and alloc.manager.num_copies == 2
+    assert len(placed) == 2 and alloc.num_copies == 2
     for seq_id in (0, 1, 2):
         assert torch.all(k[alloc.get_block_mapping(seq_id)[0], :, :3] == 5.0)  # the bytes were copied
     alloc.check_invariants()

@@ -126,13 +126,13 @@ def test_bookkeeping_only_allocator_refuses_kv_with_a_typed_error():
 # Each change touches one kind of state, through public names only: the live table ``table()``
 # hands out (read-only by contract, written here on purpose) or one public call.
 SILENT_CHANGES = [
-    ("resident token ids", lambda a: a.manager.table(1).token_ids.__setitem__(0, 99)),
-    ("resident keys", lambda a: a.manager.table(1).block_keys.clear()),
-    ("resident token count", lambda a: setattr(a.manager.table(3), "num_tokens", 5)),
+    ("resident token ids", lambda a: a.table(1).token_ids.__setitem__(0, 99)),
+    ("resident keys", lambda a: a.table(1).block_keys.clear()),
+    ("resident token count", lambda a: setattr(a.table(3), "num_tokens", 5)),
     ("swapped sequence back", lambda a: a.swap_in(2)),
     ("prefix counters", lambda a: a.allocate_for_sequence(9, 0, token_ids=[])),
     ("free queue order", lambda a: a.append_tokens(1, 3)),
-    ("cpu tensor", lambda a: a.store.cpu_kv.add_(1)),
+    ("cpu tensor", lambda a: a.cache.cpu_kv.add_(1)),
     ("device tensor, layer 0", lambda a: a.k_cache.add_(1)),
 ]
 
@@ -156,13 +156,13 @@ def test_a_failed_block_copy_leaves_the_bookkeeping_as_it_was():
     def broken_copy(src, dst):
         raise RuntimeError("device copy failed")
 
-    alloc.manager.on_copy = broken_copy
+    alloc.on_copy = broken_copy
     with pytest.raises(RuntimeError, match="device copy failed"):
         alloc.append_tokens(2)
     with pytest.raises(RuntimeError, match="device copy failed"):
         alloc.write_kv(1, [0], *kv())
     assert_same_state(before, snapshot(alloc))
     alloc.check_invariants()
-    alloc.manager.on_copy = alloc.store.copy_block
+    alloc.on_copy = alloc.cache.copy_block
     assert alloc.append_tokens(2) == (2,)
     alloc.check_invariants()

@@ -307,7 +307,7 @@ def test_swap_round_trip_is_bit_exact_and_may_move_blocks():
     alloc.allocate_for_sequence(2, 8)  # takes two of the old blocks
     with pytest.raises(SequenceStateError, match="swapped out"):
         alloc.append_tokens(1)
-    new_blocks = alloc.swap_in(1)
+    _, new_blocks = alloc.swap_in(1)
     assert new_blocks != old_blocks
     for layer in range(2):
         k, v = alloc.read_kv(1, layer=layer)

@@ -4,7 +4,7 @@ Each function reads the learner's object (``inner``) or a value it returned and 
 :class:`AllocatorContractError` naming the call when the answer breaks the contract in
 :mod:`paged_kv_course.conformance`: a bookkeeping bug then stops the engine at the call that made
 it, not with wrong text many steps later. What the answers should be comes from
-:mod:`paged_kv_lib.block_rules` and the adapter's record of the tables; nothing here decides
+the block manager's rules (:mod:`paged_kv_lib.block_manager`) and the adapter's record of the tables; nothing here decides
 a block id.
 """
 

@@ -2,7 +2,7 @@
 
 It builds the learner's object if given the class, puts it behind
 :class:`~paged_kv_course.conformance.adapter.LearnerBackedAllocator` (an
-:class:`~paged_kv_lib.bookkeeping.EngineAllocator`) and hands that to an ordinary
+:class:`~paged_kv_lib.protocols.EngineAllocator`) and hands that to an ordinary
 :class:`~paged_kv_lib.engine.Engine`.
 """
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict
 import torch
 
 from paged_kv_lib.allocator import PagedKVCacheAllocator
-from paged_kv_lib.cache_ops import gather_tokens
+from paged_kv_lib.kv_cache import gather_tokens
 from ._checks_04_pools import SWAPPED, blocks_for, pools, unchanged
 from ._common_given import GIVEN
 from ._common_repair import check_repair

@@ -12,7 +12,7 @@ import random
 from typing import Callable, List
 
 from paged_kv_course.instruments import CountingList
-from paged_kv_lib.free_queue import NOT_QUEUED, FreeBlockQueue
+from paged_kv_lib.block_manager import NOT_QUEUED, FreeBlockQueue
 from ._common import call_learner, expect_raises, fail, passed
 
 Take = Callable[[List[int], List[int], List[int]], None]

@@ -41,8 +41,8 @@ class Given:
 def _body_lines(node: ast.AST) -> List[str]:
     """The statements of a function, docstring dropped, as ``ast.unparse`` writes them, one line each."""
     body = list(getattr(node, "body", []))
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
         body = body[1:]
     lines: List[str] = []
     for statement in body:

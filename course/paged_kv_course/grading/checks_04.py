@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Sequence
 import torch
 
 from paged_kv_lib.allocator import PagedKVCacheAllocator
-from paged_kv_lib.cache_ops import write_slots
+from paged_kv_lib.kv_cache import write_slots
 from ._checks_04_pools import SWAPPED, Tables, blocks_for, check_tensor, pools, steps, unchanged
 from ._checks_04_reading import check_gather_batch, check_read_tokens
 from ._common import call_learner, expect_raises, fail, passed, show

@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Sequence
 import torch
 
 from paged_kv_lib.block import cdiv
-from paged_kv_lib.cache_ops import gather_tokens
+from paged_kv_lib.kv_cache import gather_tokens
 from paged_kv_course.recording import RecordingAllocator, RecordingModel
 
 try:  # The mistake replays below build on exercise 05's starter. A release handing out exercise 05 leaves

@@ -268,7 +268,8 @@ class _WrongCache(AllocatorAfter06):
         before the hits leave the free queue."""
         if len(tokens) != count or seq_id in self.tables:
             raise ValueError("bad prompt or a live sequence")
-        bs, keys = self.block_size, []
+        bs = self.block_size
+        keys: List[bytes] = []
         last = count if self.mistake == "partial_cached" else count - bs + 1
         for start in range(0, max(last, 0), bs):
             keys.append(self._key(keys[-1] if keys else None, tokens[start:start + bs]))

@@ -25,10 +25,8 @@ import tokenize
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-_BOOKS = ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.block_pool",
-          "paged_kv_lib.block_questions", "paged_kv_lib.block_rules", "paged_kv_lib.growth",
-          "paged_kv_lib.swap_space", "paged_kv_lib.pool_stats", "paged_kv_lib.bookkeeping")
-_SHARING = ("paged_kv_lib.free_queue", "paged_kv_lib.prefix_cache", "paged_kv_lib.invariants")
+_BOOKS = ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.protocols")
+_SHARING = ("paged_kv_lib.prefix_cache",)  # the free queue and the invariants are in the block manager
 _COURSE = ("paged_kv_course.grading", "paged_kv_course.conformance", "paged_kv_course.seed")
 _LATER = tuple(f"paged_kv_course.starters.after_{n:02d}" for n in range(3, 10))
 
@@ -37,7 +35,7 @@ PIECES: Dict[str, Tuple[str, ...]] = {
     "02": (*_COURSE, *_BOOKS, *_SHARING, "paged_kv_lib.block", "paged_kv_course.starters", "paged_kv_lib.attention"),
     "03": (*_COURSE, *_BOOKS, *_SHARING, *_LATER[0:1], "paged_kv_course.starters.after_05",
            "paged_kv_course.starters.after_06"),
-    "04": (*_COURSE, *_BOOKS, "paged_kv_lib.kv_store", "paged_kv_lib.cache_ops", "paged_kv_lib.attention",
+    "04": (*_COURSE, *_BOOKS, "paged_kv_lib.kv_cache", "paged_kv_lib.attention",
            "paged_kv_lib.viz.plots", "paged_kv_lib.viz.hash_chain", "paged_kv_lib.model"),
     "05": (*_COURSE, *_BOOKS, *_SHARING, *_LATER[2:], "paged_kv_lib.model.contiguous"),
     "06": (*_COURSE, *_BOOKS, *_SHARING, *_LATER[3:]),

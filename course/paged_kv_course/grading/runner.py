@@ -257,7 +257,8 @@ class _Server:
             if op == "getattr":
                 value = getattr(target, request["name"])
             elif op == "setattr":
-                value = setattr(target, request["name"], args[0])
+                setattr(target, request["name"], args[0])
+                value = None
             elif op == "builtin":
                 value = BUILTINS[request["name"]](target, *args)
             else:

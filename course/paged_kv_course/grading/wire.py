@@ -312,7 +312,8 @@ class Decoder:
         if tag == "b":
             return self.blobs[body]
         if tag == "T":
-            return _tensor(*body, self.blobs)
+            dtype_name, shape, blob = body
+            return _tensor(dtype_name, shape, blob, self.blobs)
         if tag == "dt":
             return _dtype(body)
         if tag == "z":

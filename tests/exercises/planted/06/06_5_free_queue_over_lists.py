@@ -1,6 +1,6 @@
-# expect: uses paged_kv_lib.free_queue
+# expect: uses paged_kv_lib.block_manager
 # ruff: noqa  (a notebook cell: it uses names the cells above it define)
-from paged_kv_lib.free_queue import FreeBlockQueue
+from paged_kv_lib.block_manager import FreeBlockQueue
 
 
 def take_from_free_queue(prev, next_, block_ids):

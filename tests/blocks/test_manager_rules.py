@@ -1,8 +1,9 @@
-"""block_rules: the scheduler's arithmetic, checked against what the block manager then does.
+"""The block manager's rules (``growth_demand``, ``room_to_grow``, ``watermark_blocks``, ``blocks_to_hold``),
+checked against what the block manager then does.
 
-Each rule is a function of plain numbers; here each answer is compared with the blocks a
-:class:`BlockManager` really takes when it acts (grow, fork and grow, allocate), so a rule that
-drifts from the acts fails, and bad numbers get the library's typed errors.
+The questions and the acts share these helpers (and so does the learner's adapter); here each answer is
+compared with the blocks a :class:`BlockManager` really takes when it acts (grow, fork and grow,
+allocate), so a rule that drifts from the acts fails, and bad numbers get the library's typed errors.
 """
 
 from __future__ import annotations
@@ -11,51 +12,64 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_kv_lib import block_rules as rules
+from paged_kv_lib import block_manager as rules
+from paged_kv_lib.block import BlockTable
 from paged_kv_lib.block_manager import BlockManager
 from paged_kv_lib.errors import InvalidArgumentError, InvalidTypeError
 
 
 @settings(max_examples=150, deadline=None)
 @given(block_size=st.integers(1, 6), prompt=st.integers(0, 20), forks=st.integers(0, 3), grow=st.integers(0, 13))
-def test_append_cost_is_what_growing_takes(block_size, prompt, forks, grow):
+def test_growth_demand_is_what_growing_takes(block_size, prompt, forks, grow):
     manager = BlockManager(64, block_size, enable_prefix_caching=False)
     manager.allocate_for_sequence(0, prompt)
     for child in range(1, forks + 1):
         manager.fork(0, child)
-    ids = manager.get_block_mapping(0)
-    holders = forks + 1 if ids else 0
-    new_blocks, copy = rules.append_cost(prompt, len(ids), block_size, holders, grow)
+    needed, takers = rules.growth_demand([manager.table(0)], grow, block_size, manager.blocks)
     free = manager.num_free_blocks
     placed = manager.append_tokens(0, grow)
-    assert free - manager.num_free_blocks == new_blocks + copy == len(placed)
-    assert copy == (grow > 0 and prompt % block_size != 0 and forks > 0)
+    assert free - manager.num_free_blocks == needed == len(placed)
+    assert takers == ([0] if needed else [])
+    copy = grow > 0 and prompt % block_size != 0 and forks > 0
+    assert needed == max(0, -(-(prompt + grow) // block_size) - -(-prompt // block_size)) + copy
 
 
-@pytest.mark.parametrize("pairs, copies", [([(1, 2)], 1), ([(2, 2)], 1), ([(3, 3)], 2), ([(2, 5)], 2),
-                                            ([(1, 2), (3, 4)], 4), ([], 0)])
-def test_a_shared_tail_is_copied_once_per_writer_but_the_last(pairs, copies):
-    assert rules.shared_tail_copies(pairs) == copies
+@pytest.mark.parametrize("holders, growers, copies", [(2, 1, 1), (2, 2, 1), (3, 3, 2), (5, 2, 2), (4, 1, 1)])
+def test_a_shared_tail_is_copied_once_per_writer_but_the_last(holders, growers, copies):
+    manager = BlockManager(16, 4)
+    manager.allocate_for_sequence(0, 2)
+    for child in range(1, holders):
+        manager.fork(0, child)
+    tables = [manager.table(s) for s in range(growers)]
+    assert rules.growth_demand(tables, 1, 4, manager.blocks)[0] == copies
+    free = manager.num_free_blocks
+    manager.append_tokens_batch(list(range(growers)))
+    assert free - manager.num_free_blocks == copies
+
+
+def test_growth_demand_of_plain_tables():
+    blocks = BlockManager(4, 4).blocks
+    tables = [BlockTable([0], 4), BlockTable([1], 3), BlockTable([], 0), BlockTable([2, 3], 4)]
+    assert rules.growth_demand(tables, 1, 4, blocks) == (2, [0, 2])  # the reserve of table 3 takes the token
+    assert rules.growth_demand(tables, 0, 4, blocks) == (0, [])
 
 
 @settings(max_examples=150, deadline=None)
 @given(block_size=st.integers(1, 5), prompt=st.integers(1, 12), forked=st.booleans(), free=st.integers(1, 8),
        up_to=st.integers(0, 40))
-def test_appendable_tokens_is_the_most_that_grows_and_one_more_does_not(block_size, prompt, forked, free, up_to):
+def test_room_to_grow_is_the_most_that_grows_and_one_more_does_not(block_size, prompt, forked, free, up_to):
     manager = BlockManager(64, block_size, enable_prefix_caching=False)
     manager.allocate_for_sequence(0, prompt)
     if forked:
         manager.fork(0, 1)
-    held = len(manager.get_block_mapping(0))
     manager.allocate_for_sequence(2, (manager.num_free_blocks - free) * block_size)  # leave `free` blocks
     spare = manager.num_free_blocks
-    _, copy = rules.append_cost(prompt, held, block_size, 2 if forked else 1, up_to)
-    n = rules.appendable_tokens(prompt, held, block_size, spare, copy, up_to)
+    table = manager.table(0)
+    n = rules.room_to_grow(table, up_to, spare, block_size, manager.blocks)
     assert n == manager.appendable_tokens(0, up_to)
     assert 0 <= n <= up_to
     if n < up_to:  # one token more needs one block more than there is
-        more, more_copy = rules.append_cost(prompt, held, block_size, 2 if forked else 1, n + 1)
-        assert more + more_copy > spare
+        assert rules.growth_demand([table], n + 1, block_size, manager.blocks)[0] > spare
     if n:
         manager.append_tokens(0, n)  # and n itself fits
 
@@ -79,7 +93,7 @@ def test_a_bad_watermark_is_a_typed_error_naming_it(bad, error):
 def test_blocks_to_hold_says_whether_private_sequences_fit_an_empty_pool(block_size, num_blocks, num_tokens,
                                                                          num_seqs, watermark):
     manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-    fits = rules.fits(num_blocks, rules.blocks_to_hold(num_tokens, num_seqs, block_size, num_blocks, watermark))
+    fits = rules.blocks_to_hold(num_tokens, num_seqs, block_size, num_blocks, watermark) <= num_blocks
     placed = 0
     for seq_id in range(num_seqs):
         if manager.can_allocate(num_tokens):
@@ -94,8 +108,3 @@ def test_blocks_to_hold_refuses_bad_counts():
         rules.blocks_to_hold(4, 0, 4, 10, 0.0)
     with pytest.raises(InvalidTypeError, match="num_tokens"):
         rules.blocks_to_hold(2.5, 1, 4, 10, 0.0)
-
-
-def test_swap_out_takes_a_cpu_block_for_every_block_of_every_table():
-    assert rules.swap_out_blocks([3, 0, 2]) == 5
-    assert rules.fits(5, rules.swap_out_blocks([3, 2])) and not rules.fits(4, rules.swap_out_blocks([3, 2]))

@@ -1,4 +1,4 @@
-"""KVStore, directly: the cache tensors' layout and every move of their bytes, with no bookkeeping."""
+"""KVCache, directly: the cache tensors' layout and every move of their bytes, with no bookkeeping."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from paged_kv_lib import CacheNotAllocatedError, InvalidArgumentError, InvalidTypeError, PositionError
-from paged_kv_lib.kv_store import KVStore
+from paged_kv_lib.kv_cache import KVCache
 
 H, D, BS = 2, 3, 4
 
 
-def store(**kw) -> KVStore:
-    return KVStore(6, BS, H, D, torch.float32, num_layers=2, **kw)
+def store(**kw) -> KVCache:
+    return KVCache(6, BS, H, D, torch.float32, num_layers=2, **kw)
 
 
 def test_layout_views_share_one_tensor():
@@ -80,9 +80,9 @@ def test_layer_and_constructor_checks():
     with pytest.raises(InvalidArgumentError, match="layer 2 out of range: the cache has 2 layers"):
         s.layer(2)
     with pytest.raises(InvalidTypeError, match="dtype must be a torch.dtype"):
-        KVStore(2, 2, 1, 1, "float32")  # type: ignore[arg-type]
+        KVCache(2, 2, 1, 1, "float32")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="num_heads must be >= 1"):
-        KVStore(2, 2, 0, 1)
+        KVCache(2, 2, 0, 1)
 
 
 def test_without_tensors_only_addresses_work():
