@@ -161,12 +161,22 @@ class LearnerBackedAllocator:
     # ------------------------------------------------------- the acts, by the learner, checked
     def allocate_prompt(self, seq_id: int, prompt: Sequence[int], *, max_new_tokens: Optional[int] = None,
                         watermark: float = 0.0) -> Optional[int]:
-        """Admit a prompt's first ``max_new_tokens`` tokens through the learner's object if they fit leaving the
-        watermark (no hits counted before: the learner's object is asked nothing it was not built for)."""
-        total = len(prompt) if max_new_tokens is None else min(len(prompt), as_count(max_new_tokens, "max_new_tokens"))
-        if not self.can_allocate_many([total], watermark=watermark):
+        """Admit a prompt's cached prefix and ``max_new_tokens`` more of its tokens (all by default) through the
+        learner's object, as the protocol asks; ``None`` (nothing asked of the learner) when that may not fit.
+
+        The learner's object tells its hits only once it has allocated, so it is asked for the first
+        ``max_new_tokens`` tokens, then grown by the ones its hits leave room for; the room is checked before,
+        for the most both calls can take (hits sit inside the first part, so at most ``2 * max_new_tokens``)."""
+        n = len(prompt)
+        first = n if max_new_tokens is None else min(n, as_count(max_new_tokens, "max_new_tokens"))
+        most = n if max_new_tokens is None else min(n, 2 * first)
+        if not self.can_allocate_many([most], watermark=watermark):
             return None
-        return self.allocate_for_sequence(seq_id, total, token_ids=list(prompt[:total]))
+        cached = self.allocate_for_sequence(seq_id, first, token_ids=list(prompt[:first]))
+        held = n if max_new_tokens is None else min(n, cached + first)
+        if held > first:
+            self.append_tokens(seq_id, held - first)
+        return cached
 
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None) -> int:
         """Allocate through the learner's object; returns the prompt tokens it found cached (0 without prefix caching)."""
