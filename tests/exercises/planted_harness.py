@@ -32,7 +32,7 @@ def expectation(path: Path) -> str:
 
 
 def is_delegation(path: Path) -> bool:
-    return expectation(path).startswith("uses paged_kv_lib")
+    return expectation(path).startswith(("uses paged_kv_lib", "uses paged_kv_course"))
 
 
 def task_of(path: Path) -> str:

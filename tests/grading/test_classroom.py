@@ -120,12 +120,16 @@ def test_starters_ship_only_for_exercises_before_the_assignment(tmp_path):
     (course / "docs" / "instructors.md").write_text("the threat model\n")
     (course / "docs" / "exercises.md").write_text("how to do the exercises\n")
     release.build_release(course, tmp_path / "r05", assignment=5)
-    shipped = sorted(p.name for p in (tmp_path / "r05" / release.STARTERS).iterdir())
-    assert shipped == ["__init__.py", "after_02.py", "after_03.py"]
+    shipped = {p.name: p.read_text() for p in (tmp_path / "r05" / release.STARTERS).iterdir()}
+    assert sorted(shipped) == ["__init__.py", "after_02.py", "after_03.py", "after_05.py"]
+    assert shipped["after_03.py"] == "# starter\n"
+    # exercise 05's own starter is withheld: in its place a module that only names what is missing
+    assert "# starter" not in shipped["after_05.py"] and release.withheld_line("05") in shipped["after_05.py"]
     assert not (tmp_path / "r05" / "docs" / "instructors.md").exists()
     assert (tmp_path / "r05" / "docs" / "exercises.md").is_file()
     release.build_release(course, tmp_path / "rall")
-    assert sorted(p.name for p in (tmp_path / "rall" / release.STARTERS).iterdir()) == ["__init__.py"]
+    everything = {p.name: p.read_text() for p in (tmp_path / "rall" / release.STARTERS).iterdir()}
+    assert all("# starter" not in text for name, text in everything.items() if name != "__init__.py")  # none ships
 
 
 def test_a_release_writes_the_class_repository_into_every_setup_block(tmp_path):

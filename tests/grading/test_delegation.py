@@ -76,9 +76,9 @@ def test_what_a_task_does_not_grade_is_free_to_use():
 
 def test_a_pasted_implementation_earns_0_and_names_its_share():
     """Issue 32: the installed source is readable, so pasting it passed the import-only rule."""
-    from paged_kv_lib import free_queue
+    from paged_kv_lib.block_manager import FreeBlockQueue
 
-    pasted = inspect.getsource(free_queue.FreeBlockQueue)
+    pasted = inspect.getsource(FreeBlockQueue)
     line = delegation.delegation_line("06.5", pasted)
     assert "pasted from the library's implementation" in line, line
     renamed = pasted.replace("FreeBlockQueue", "MyQueue").replace("self", "me")
