@@ -61,7 +61,6 @@ class Run:
     peak_blocks: int
     prefix_hits: int  # prompt tokens found in the prefix cache instead of computed
     preemptions: int
-    streamed: int  # token events the engine streamed
     kernel_calls: int = 0  # decode-attention calls served by the learner's kernel
 
     @property
@@ -164,16 +163,14 @@ def serve(parts: Optional[Parts] = None) -> Run:
     start = time.perf_counter()
     forked = engine.add_request(prompt, MAX_NEW_TOKENS, n=samples, temperature=temperature, seed=seed)
     tokens: Dict[int, List[int]] = {}
-    streamed = 0
     for event in engine.stream(list(WORKLOAD), MAX_NEW_TOKENS):  # the forked request runs along
         tokens.setdefault(event.request_id, []).append(event.token_id)
-        streamed += 1
     (output,) = [o for o in engine.run(progress=False) if o.request_id == forked]
     seconds = time.perf_counter() - start
     ordered = [tokens.get(i, []) for i in sorted(tokens)] + [list(o) for o in output.outputs]
     totals = engine.totals
     return Run(parts.label, ordered, seconds, totals.generated_tokens, totals.peak_blocks_used, totals.cached_tokens,
-               totals.preemptions, streamed, kernel_calls=len(parts.calls))
+               totals.preemptions, kernel_calls=len(parts.calls))
 
 
 def first_difference(run: Run) -> Optional[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import linecache
 import math
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -38,8 +37,7 @@ PLANTED = Path(__file__).parent / "planted" / "10"
 SETUP = {"math": math, "torch": torch, "triton": triton, "tl": tl, "F": F, "paged_decode": paged_decode,
          "OutOfBlocksError": OutOfBlocksError, "DuplicateSequenceError": DuplicateSequenceError,
          "UnknownSequenceError": UnknownSequenceError}
-TASKS = {"10.1": (check_capstone_allocator, "my_allocator_class"), "10.2": (check_capstone_kernels, "my_decode_kernels"),
-         "10.3": (None, "make_decode_attention")}
+TASKS = {"10.1": "my_allocator_class", "10.2": "paged_decode_kernel", "10.3": "make_decode_attention"}
 
 
 def defined(source: str, name: str):
@@ -61,6 +59,11 @@ def reference():
     return namespace
 
 
+def kernels(namespace):
+    """Task 09.4's two kernels as a namespace defines them (the 10.2 cell, or a planted one)."""
+    return namespace["paged_decode_kernel"], namespace["merge_splits_kernel"]
+
+
 def fails_all(check, *args) -> str:
     """The check rejects the learner's functions ``args`` with an AssertionError; returns its message."""
     return fails(lambda _: check(*args), None)
@@ -72,15 +75,14 @@ def planted(stem: str):
     return source.splitlines()[0].removeprefix("# expect: "), defined(source, path.name)
 
 
-@pytest.mark.parametrize("check", [check_capstone_allocator, check_capstone_kernels])
-def test_an_untouched_task_raises_not_implemented(check):
+def test_an_untouched_allocator_task_raises_not_implemented():
     with pytest.raises(NotImplementedError):
-        check(not_implemented)
+        check_capstone_allocator(not_implemented)
 
 
 def test_untouched_glue_raises_not_implemented(reference):
     with pytest.raises(NotImplementedError):
-        check_capstone(reference["my_allocator_class"], reference["my_decode_kernels"], not_implemented)
+        check_capstone(reference["my_allocator_class"], *kernels(reference), not_implemented)
 
 
 def test_an_instance_instead_of_the_class_is_named(reference):
@@ -116,31 +118,29 @@ def test_every_task_has_a_planted_mistake():
 
 @pytest.mark.slow
 def test_the_reference_kernels_pass(reference, capsys):
-    check_capstone_kernels(reference["my_decode_kernels"])
+    check_capstone_kernels(*kernels(reference))
     assert capsys.readouterr().out.rstrip().endswith("PASSED 10.2")
 
 
 @pytest.mark.slow
 def test_a_planted_kernel_is_named_as_the_part_that_breaks():
     expect, namespace = planted("10_2_no_acc_rescale")
-    assert expect in fails(check_capstone_kernels, namespace["my_decode_kernels"])
+    assert expect in fails_all(check_capstone_kernels, *kernels(namespace))
 
 
 @pytest.mark.slow
-def test_the_whole_capstone_passes_in_under_a_minute(reference, capsys):
-    start = time.perf_counter()
-    check_capstone(reference["my_allocator_class"], reference["my_decode_kernels"], reference["make_decode_attention"])
-    seconds = time.perf_counter() - start
+def test_the_whole_capstone_passes(reference, capsys):
+    # its time on this machine is a figure in docs/benchmarks.md, not an assertion here
+    check_capstone(reference["my_allocator_class"], *kernels(reference), reference["make_decode_attention"])
     out = capsys.readouterr().out
     assert out.rstrip().endswith("PASSED 10.3") and "all 60 tokens equal the no-cache reference" in out
-    assert seconds < 60, f"the capstone check took {seconds:.0f} s"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stem", ["10_3_padded_scale", "10_3_torch_attention"])
 def test_planted_glue_is_named(reference, stem):
     expect, namespace = planted(stem)
-    message = fails_all(check_capstone, reference["my_allocator_class"], reference["my_decode_kernels"],
+    message = fails_all(check_capstone, reference["my_allocator_class"], *kernels(reference),
                         namespace["make_decode_attention"])
     assert expect in message
 
@@ -150,8 +150,8 @@ def test_planted_glue_is_named(reference, stem):
 def test_the_whole_run_names_the_broken_part(reference, part, stem):
     expect, namespace = planted(stem)
     allocator = namespace.get("my_allocator_class", reference["my_allocator_class"])
-    kernels = namespace.get("my_decode_kernels", reference["my_decode_kernels"])
-    message = fails_all(check_capstone, allocator, kernels, reference["make_decode_attention"])
+    pair = kernels(namespace if "paged_decode_kernel" in namespace else reference)
+    message = fails_all(check_capstone, allocator, *pair, reference["make_decode_attention"])
     assert f"the {part} is the part that breaks" in message
 
 
@@ -192,12 +192,17 @@ def test_the_conformance_checks_planted_allocators_are_named(name):
 
 def test_untouched_earlier_tasks_are_named_when_the_glue_is_written(reference):
     with pytest.raises(NotImplementedError, match="task 10.1 is not written yet"):
-        check_capstone(_untouched("10.1"), reference["my_decode_kernels"], reference["make_decode_attention"])
+        check_capstone(_untouched("10.1"), *kernels(reference), reference["make_decode_attention"])
 
 
 def test_an_untouched_capstone_names_its_own_task():
     with pytest.raises(NotImplementedError, match="10.3"):
-        check_capstone(_untouched("10.1"), _untouched("10.2"), _untouched("10.3"))
+        check_capstone(_untouched("10.1"), _untouched("10.2"), _untouched("10.2"), _untouched_glue)
+
+
+def _untouched_glue(kernel, merge):
+    """10.3 as the learner version hands it out: the glue's inner function holds the NotImplementedError."""
+    return _untouched("10.3")
 
 
 def _untouched(task):

@@ -53,14 +53,6 @@ def _allocator_class(my_allocator_class: Any, task: str) -> Any:
     return cls
 
 
-def _kernels(my_decode_kernels: Any, task: str) -> Tuple[Any, Any]:
-    pair = call_learner(my_decode_kernels, (), "my_decode_kernels()", "(paged_decode_kernel, merge_splits_kernel)")
-    if not (isinstance(pair, tuple) and len(pair) == 2):
-        raise fail("my_decode_kernels()", "(paged_decode_kernel, merge_splits_kernel)", pair,
-                   "return your two @triton.jit kernels of task 09.4 as a pair")
-    return pair
-
-
 _ALLOCATOR_HINT = ("the allocator is the part that breaks: run exercise 06's checks on this class, then compare the "
                    "blocks it hands out with what the engine asks under chunked prefill, a fork and a preemption")
 _KERNEL_HINT = ("the kernel is the part that breaks: run task 09.4's check on these kernels; the engine's batches "
@@ -82,9 +74,9 @@ def check_capstone_allocator(my_allocator_class: Any) -> None:
     passed("10.1")
 
 
-def check_capstone_kernels(my_decode_kernels: Any) -> None:
+def check_capstone_kernels(paged_decode_kernel: Any, merge_splits_kernel: Any) -> None:
     """Task 10.2: the engine serves the workload token for token with the learner's 09.4 kernels on decode steps."""
-    kernel, merge = _kernels(my_decode_kernels, "10.2")
+    kernel, merge = paged_decode_kernel, merge_splits_kernel
     run, wrong = _attempt(Parts(kernel=kernel, merge=merge, launch=_launch))
     if wrong is not None or run is None:
         raise fail("the engine with the library's allocator and your kernels", "the no-cache tokens", wrong,
@@ -138,17 +130,19 @@ def _launches_through_the_kernel(make_decode_attention: Any) -> bool:
     return "paged_decode(" in source
 
 
-def check_capstone(my_allocator_class: Any, my_decode_kernels: Any, make_decode_attention: Any) -> None:
+def check_capstone(my_allocator_class: Any, paged_decode_kernel: Any, merge_splits_kernel: Any,
+                   make_decode_attention: Any) -> None:
     """Task 10.3: the engine serves the workload with the learner's allocator, kernels and glue together."""
+    kernel, merge = paged_decode_kernel, merge_splits_kernel
     try:
         cls = _allocator_class(my_allocator_class, "10.3")
-        kernel, merge = _kernels(my_decode_kernels, "10.3")
     except TaskNotWrittenError:  # 10.3 runs on 10.1 and 10.2: say which task is missing, this one first
-        try:
-            make_decode_attention(None, None)  # a written glue only builds its function here
-        except NotImplementedError as exc:
-            raise not_written(exc) from None
-        except Exception:  # noqa: BLE001 - written, and it looked at the kernels early: the earlier task is missing
+        try:  # an unwritten glue says so as soon as its function is called; a written one fails on the Nones
+            attend = call_learner(make_decode_attention, (None, None), "make_decode_attention(None, None)", "a function")
+            call_learner(attend, (None,) * 5, "decode_attention(None, ...)", "an error")
+        except TaskNotWrittenError:
+            raise
+        except CheckFailure:  # written, and it looked at the kernels early: the earlier task is what is missing
             pass
         raise
     attend = call_learner(make_decode_attention, (kernel, merge), "make_decode_attention(kernel, merge)",
