@@ -129,6 +129,19 @@ def source_text(value: Any) -> str:
     return textwrap.dedent(inspect.getsource(value))
 
 
+def solution_source(task: str, value: Any) -> Optional[str]:
+    """The text a check reads for ``task``: the solution cell the judge holds under official grading
+    (None where no judge set :data:`SOURCE_OF`), else the source of the learner's object itself."""
+    if under_judge(value):
+        return SOURCE_OF(task) if SOURCE_OF is not None else None
+    try:
+        return source_text(value)
+    except (OSError, TypeError) as exc:
+        raise CheckFailure(
+            f"{task}: the check reads the text of your solution and could not ({exc}); run the solution cell "
+            "again, in this notebook") from None
+
+
 def check_repair(spec: Given, value: Any) -> None:
     """Fail unless ``value`` (the learner's solution object) is the given code repaired within the limit.
 
@@ -136,17 +149,9 @@ def check_repair(spec: Given, value: Any) -> None:
     text comes from :data:`SOURCE_OF`; without it there the rule is not applied (the judge owns
     reading the submission).
     """
-    if under_judge(value):
-        if SOURCE_OF is None:
-            return
-        text = SOURCE_OF(spec.task)
-    else:
-        try:
-            text = source_text(value)
-        except (OSError, TypeError) as exc:
-            raise CheckFailure(
-                f"{spec.task}: the check reads the text of your repaired code and could not ({exc}); run the "
-                "solution cell again, in this notebook") from None
+    text = solution_source(spec.task, value)
+    if text is None:
+        return
     try:
         count, what = repair_distance(spec, text)
     except SyntaxError as exc:
@@ -161,4 +166,4 @@ def check_repair(spec: Given, value: Any) -> None:
     print(line)
 
 
-__all__ = ["Given", "changed_lines", "check_repair", "repair_distance", "source_text"]
+__all__ = ["Given", "changed_lines", "check_repair", "repair_distance", "solution_source", "source_text"]

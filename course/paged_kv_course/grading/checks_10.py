@@ -9,14 +9,16 @@ A wrong run is replayed with one learner part at a time, so the failure names th
 
 from __future__ import annotations
 
-import inspect
+import ast
 import math
+import textwrap
 from typing import Any, Optional, Tuple
 
 from ..capstone import Parts, Run, attempt, figures_table, first_difference, serve
 from ..stand_in import is_stand_in_class
 from ._common import CheckFailure, TaskNotWrittenError, call_learner, fail, not_written, passed, run_probe
 from ._common_09 import unwrap
+from ._common_repair import solution_source
 from .probes import triton_paged_decode
 
 
@@ -122,12 +124,21 @@ def _check_glue(attend: Any) -> None:
 
 
 def _launches_through_the_kernel(make_decode_attention: Any) -> bool:
-    """Whether the glue's source launches the given kernels through the course's ``paged_decode`` launcher."""
+    """Whether the glue's text calls the course's ``paged_decode`` launcher (read from the solution cell the
+    judge holds under official grading, from the function itself in a notebook)."""
+    text = solution_source("10.3", make_decode_attention)
+    if text is None:
+        return True  # no text to read: only the judge's run without its solution cells gets here
     try:
-        source = inspect.getsource(make_decode_attention)
-    except (OSError, TypeError):
-        return True  # no source here to read (the grader decides from the notebook it holds)
-    return "paged_decode(" in source
+        tree = ast.parse(textwrap.dedent(text))
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "make_decode_attention":
+            return any(isinstance(call, ast.Call) and (getattr(call.func, "id", None) == "paged_decode"
+                                                        or getattr(call.func, "attr", None) == "paged_decode")
+                       for call in ast.walk(node))
+    return False
 
 
 def check_capstone(my_allocator_class: Any, paged_decode_kernel: Any, merge_splits_kernel: Any,

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import probes, sandbox, wire
+from . import _common_repair, probes, sandbox, wire
 from ._common import TaskNotWrittenError, not_written
 from .check_cells import CheckCall, CheckCellError, imported_names, parse_check_cell
 from .remote import Caller, CellError, JudgeAbort, Refused, Remote, _first_line
@@ -173,6 +173,8 @@ def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
     cells: List[Dict[str, Any]] = job["cells"]
     known = imported_names([c["source"] for c in cells if c.get("role") != "solution"])
     probes.JIT_NAMES = jit_names([c["source"] for c in cells if c.get("role") == "solution"])
+    _common_repair.SOURCE_OF = lambda task: "\n\n".join(
+        str(c["source"]) for c in cells if c.get("role") == "solution" and c.get("task") == task)
     tell: Emit = emit or (lambda event: None)
     tell({"cell": -1})
     session = Session(spec, time.monotonic() + timeout)
@@ -227,7 +229,10 @@ def _run_cell(index: int, cell: Dict[str, Any], session: Session, known: Dict[st
         if "raises-exception" not in tags:
             kind, text = exc.raised[1], wire.escape(exc.raised[2])
             if kind in ("SyntaxError", "IndentationError", "TabError"):
-                text = f"a syntax error: {_first_line(text)}"
+                lines = [line.strip() for line in text.splitlines() if line.strip()]
+                last = lines[-1] if lines else ""
+                where = _first_line(text)
+                text = (last if last.startswith(kind) else f"{kind}: {last}") + (f" ({where})" if where != last else "")
             entry.update(outcome="failed", line=_first_line(text) or wire.escape(kind), detail=text)
     return entry
 

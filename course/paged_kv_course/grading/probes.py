@@ -97,7 +97,7 @@ def _triton_report(launcher: str, function: Any, *args: Any) -> Any:
                                               "kernel: only the judge can ask the kernel to launch it")
         name = getattr(caller, "names", {}).get(_key(function), "")
         if name not in JIT_NAMES:
-            return ("raised", "TypeError", f"{name or 'the function'} is not defined with @triton.jit in your "
+            return ("raised", "NotAKernelError", f"{name or 'the function'} is not defined with @triton.jit in your "
                                            "solution cell: this task grades a Triton kernel")
         try:
             return ("ok", caller.request("course", None, launcher, (function, *args)))
@@ -126,5 +126,5 @@ def triton_paged_decode(kernel: Any, merge: Any, *args: Any) -> Any:
     caller = _caller_of(merge) if _remote(merge) else None
     if caller is not None:
         if getattr(caller, "names", {}).get(_key(merge), "") not in JIT_NAMES:
-            return ("raised", "TypeError", "the merge kernel is not defined with @triton.jit in your solution cell")
+            return ("raised", "NotAKernelError", "the merge kernel is not defined with @triton.jit in your solution cell")
     return _triton_report("paged_decode_with_partials", kernel, merge, *args)
