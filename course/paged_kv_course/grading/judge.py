@@ -232,7 +232,8 @@ def _run_cell(index: int, cell: Dict[str, Any], session: Session, known: Dict[st
                 lines = [line.strip() for line in text.splitlines() if line.strip()]
                 last = lines[-1] if lines else ""
                 where = _first_line(text)
-                text = (last if last.startswith(kind) else f"{kind}: {last}") + (f" ({where})" if where != last else "")
+                text = ("a syntax error: " + (last if last.startswith(kind) else f"{kind}: {last}")
+                        + (f" ({where})" if where != last else ""))
             entry.update(outcome="failed", line=_first_line(text) or wire.escape(kind), detail=text)
     return entry
 
