@@ -111,8 +111,9 @@ def repair_distance(spec: Given, learner_source: str) -> Tuple[int, str]:
     return total, f"the methods {', '.join(spec.methods)} against {spec.given_name}'s"
 
 
-# The judge sets this to a function giving a task's solution cell text (official grading: the learner's
-# objects are out of reach there); in a notebook the text is read from the objects themselves.
+# The judge sets this, before each check cell, to a function giving the solution cell text of that cell's own
+# task (official grading: the learner's objects are out of reach there); in a notebook the text is read from
+# the objects themselves.
 SOURCE_OF: Optional[Callable[[str], str]] = None
 
 

@@ -173,8 +173,6 @@ def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
     cells: List[Dict[str, Any]] = job["cells"]
     known = imported_names([c["source"] for c in cells if c.get("role") != "solution"])
     probes.JIT_NAMES = jit_names([c["source"] for c in cells if c.get("role") == "solution"])
-    _common_repair.SOURCE_OF = lambda task: "\n\n".join(
-        str(c["source"]) for c in cells if c.get("role") == "solution" and c.get("task") == task)
     tell: Emit = emit or (lambda event: None)
     tell({"cell": -1})
     session = Session(spec, time.monotonic() + timeout)
@@ -188,6 +186,10 @@ def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
             return {"results": [], "error": f"the learner's kernel did not start: {why}", "limits": spec.applied}
         for index, cell in enumerate(cells):
             tell({"cell": index})
+            # A check that reads the solution's text (a repair's line count) reads its own task's cell.
+            own = "\n\n".join(str(c["source"]) for c in cells
+                               if c.get("role") == "solution" and c.get("task") == cell.get("task"))
+            _common_repair.SOURCE_OF = lambda _task, text=own: text
             entry = _run_cell(index, cell, session, known, timeout)
             # learner text reaches reports, gradebooks and Gradescope from here: no control characters
             entry["line"], entry["detail"] = wire.escape(entry["line"]), wire.escape(entry["detail"], limit=20000)
