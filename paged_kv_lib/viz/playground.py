@@ -411,7 +411,7 @@ class Playground:
         return True
 
     def _block_states(self) -> Dict[int, Tuple[Any, ...]]:
-        return {b["block_id"]: (b["state"], b["owners"], b["fill"], b["hash"])
+        return {b["block_id"]: (b["state"], tuple(sorted(b["owners"])), b["fill"], b["hash"])
                 for b in snapshot.pool_blocks(self.allocator)}
 
     def _record(self, kind: str, text: str) -> None:
