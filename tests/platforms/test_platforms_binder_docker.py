@@ -54,6 +54,20 @@ def test_the_root_environment_is_the_learners_too():
     assert _pip_lines(env) == ["-e .[lab,triton]", "-e ./course"]
 
 
+BINDER_LINK = re.compile(r"https://mybinder\.org/v2/gh/[^\s`)]+")
+
+
+def test_the_readme_and_the_platforms_page_give_the_same_binder_launch():
+    """docs/platforms.md once pointed at a README badge that did not exist (issue 34, item 8)."""
+    readme = (ROOT / "README.md").read_text()
+    platforms = (ROOT / "docs" / "platforms.md").read_text()
+    links = set(BINDER_LINK.findall(readme))
+    assert len(links) == 1 and links == set(BINDER_LINK.findall(platforms))
+    assert all("OWNER/REPO" in link and "lessons/00_setup.ipynb" in link for link in links)
+    has_badge = "mybinder.org/badge" in readme
+    assert has_badge or "badge in the README" not in platforms
+
+
 def _repo2docker() -> str:
     found = os.environ.get("REPO2DOCKER") or shutil.which("repo2docker")
     if not found:
