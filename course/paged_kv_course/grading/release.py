@@ -5,9 +5,9 @@ from the solutions, so they cannot be stale), a pristine copy of each learner ve
 ``exercises/pristine/`` (what ``paged-kv grade`` compares against in a released course),
 the library and the course package (``course/``), the docs and the files that install them,
 a README written for learners (no ``make test``: a release has no ``tests/``; links only to
-pages the release holds), a ``.dockerignore`` (an image built from the release leaves out
-``.venv``, ``.git`` and caches), and one workflow, ``.github/workflows/check.yml``, that runs
-``make check`` on every push as feedback. GitHub Classroom's autograding is not written: the
+pages the release holds), the course's ``.dockerignore`` (an image built from the release leaves
+out ``.venv``, ``.git`` and caches; a course without one gets :data:`DOCKERIGNORE`), and one
+workflow, ``.github/workflows/check.yml``, that runs ``make check`` on every push as feedback. GitHub Classroom's autograding is not written: the
 application is sunset, and a score computed in the learner's own repository is the learner's to
 change (they own the workflow, the Makefile and the library it runs), so credit comes from
 Gradescope or the instructor's batch.
@@ -34,7 +34,7 @@ from .notebook_tasks import BEGIN_MARKER, END_MARKER
 
 # What a learner's course is made of, relative to the course folder.
 RELEASED = ("lessons", "exercises", "paged_kv_lib", "course", "docs", "benchmarks", "scripts", "binder", "docker",
-            "LICENSE", "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
+            "LICENSE", "pyproject.toml", "environment.yml", "Makefile", ".gitignore", ".dockerignore")
 PRISTINE_DIR = "pristine"
 # Instructor-only files inside released folders, relative to the course folder.
 WITHHELD = ("docs/instructors.md", "docs/class.md")
@@ -67,7 +67,10 @@ jobs:
         run: make check CHECK_SUMMARY="$GITHUB_STEP_SUMMARY"
 """
 
-DOCKERIGNORE = """# Written by `paged-kv release`: what stays out of an image built from this folder (docker/Dockerfile).
+# The repository's .dockerignore, for a course folder that has none (a test keeps the two the same).
+DOCKERIGNORE = """# What stays out of an image built from this folder with docker/Dockerfile (a release, or a checkout
+# with ALLOW_SOLUTIONS=1): environments, caches and run outputs, gigabytes a build would otherwise
+# send and copy. `paged-kv release` copies this file into every release.
 .git
 .github
 .venv
@@ -81,6 +84,7 @@ DOCKERIGNORE = """# Written by `paged-kv release`: what stays out of an image bu
 .ruff_cache
 build
 dist
+bench-out
 gpu-check-out
 test-artifacts
 """
@@ -266,7 +270,8 @@ def readme_problems(release: Path) -> List[str]:
 
 
 def write_class_files(release: Path) -> List[Path]:
-    """Write a release's README, its check workflow and its .dockerignore; refuse a README with a problem."""
+    """Write a release's README and its check workflow, and a .dockerignore if the course copied none;
+    refuse a README with a problem."""
     readme = release / "README.md"
     readme.write_text(release_readme(release), encoding="utf-8")
     problems = readme_problems(release)
@@ -277,7 +282,8 @@ def write_class_files(release: Path) -> List[Path]:
     check = folder / "check.yml"
     check.write_text(CHECK_WORKFLOW.format(python=PYTHON_VERSION), encoding="utf-8")
     dockerignore = release / ".dockerignore"
-    dockerignore.write_text(DOCKERIGNORE, encoding="utf-8")
+    if not dockerignore.is_file():
+        dockerignore.write_text(DOCKERIGNORE, encoding="utf-8")
     return [readme, check, dockerignore]
 
 
