@@ -112,6 +112,18 @@ def test_dockerfile_builds_the_course_on_a_jupyter_stack_image():
     assert (ROOT / hook).is_file()
 
 
+def test_a_build_on_the_frozen_docker_hub_base_says_so():
+    """The stacks' Docker Hub names stopped updating in October 2023: a build on one warns."""
+    steps = _instructions(ROOT / "docker" / "Dockerfile")
+    default = next(a for k, a in steps if k == "ARG" and a.startswith("BASE_IMAGE=")).split("=", 1)[1]
+    after_from = steps[[k for k, _ in steps].index("FROM") + 1:]
+    assert ("ARG", "BASE_IMAGE") in after_from  # the value is visible to RUN after FROM
+    if default.startswith("jupyter/"):
+        warn = next(a for k, a in after_from if k == "RUN" and "BASE_IMAGE" in a)
+        assert "jupyter/*" in warn and "frozen" in warn and ">&2" in warn
+    assert "stopped updating" in (ROOT / "docs" / "platforms.md").read_text()
+
+
 def test_the_course_copy_hook_never_overwrites_a_learners_work(tmp_path):
     bash = shutil.which("bash")
     if bash is None:
