@@ -111,6 +111,18 @@ def test_the_repository_has_the_dockerignore_a_release_carries(tmp_path):
     assert not (out / ".venv").exists()
 
 
+def test_a_release_that_keeps_the_placeholder_url_is_told_so(tmp_path):
+    from paged_kv_course.setup_cell import PLACEHOLDER_URL, setup_cell_source
+
+    (tmp_path / "lessons").mkdir()
+    lesson = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(setup_cell_source(PLACEHOLDER_URL))])
+    nbformat.write(lesson, tmp_path / "lessons" / "01_x.ipynb")
+    assert release.placeholder_kept(tmp_path)
+    lesson.cells[0].source = setup_cell_source("https://example.org/our-class/paged-kv.git")
+    nbformat.write(lesson, tmp_path / "lessons" / "01_x.ipynb")
+    assert not release.placeholder_kept(tmp_path)
+
+
 def test_a_release_refuses_a_learner_version_that_would_leak_a_solution(tmp_path, monkeypatch):
     course = demo_course(tmp_path / "course")
 

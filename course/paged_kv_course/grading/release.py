@@ -198,7 +198,8 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
                   repo_url: Optional[str] = None) -> List[Path]:
     """Write the learner's course from ``course`` into ``out`` (which must not exist or be empty);
     return the files written. Starters ship only for exercises before ``assignment`` (none without it);
-    ``repo_url`` (the class repository) goes into every notebook's Colab setup block."""
+    ``repo_url`` (the class repository) goes into every notebook's Colab setup block and into the
+    release's ``pyproject.toml`` (``[project.urls] Repository``), so the release names it everywhere."""
     from .generate import generate, solution_paths
 
     course = course.resolve()
@@ -229,6 +230,7 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
         if repo_url is not None:
             from paged_kv_course.setup_cell import apply
 
+            _write_repository_url(staging / "pyproject.toml", repo_url)
             for notebook in sorted((staging / "lessons").glob("*.ipynb")) + sorted(exercises.glob("*.ipynb")):
                 if '"cell_type": "code"' in notebook.read_text(encoding="utf-8"):  # nothing to set up otherwise
                     apply(notebook, repo_url)
@@ -267,6 +269,26 @@ def readme_problems(release: Path) -> List[str]:
         if "://" not in target and not (release / target).exists():
             problems.append(f"it links {target}, which the release leaves out")
     return problems
+
+
+def _write_repository_url(pyproject: Path, repo_url: str) -> None:
+    """Put ``repo_url`` in ``pyproject``'s ``Repository = "..."`` line (the placeholder's comment goes too)."""
+    from paged_kv_course.setup_cell import check_url
+
+    if not pyproject.is_file():
+        return
+    text = pyproject.read_text(encoding="utf-8")
+    text = re.sub(r"(\[project\.urls\]\n)(?:#.*\n)*Repository = \"[^\"]*\"",
+                  lambda m: f'{m.group(1)}# The class repository (written by `paged-kv release --repo-url`).\n'
+                            f'Repository = "{check_url(repo_url)}"', text)
+    pyproject.write_text(text, encoding="utf-8")
+
+
+def placeholder_kept(release: Path) -> bool:
+    """Whether a release's notebooks still clone the course's placeholder URL (no --repo-url given)."""
+    from paged_kv_course.setup_cell import PLACEHOLDER_URL
+
+    return any(PLACEHOLDER_URL in p.read_text(encoding="utf-8") for p in (release / "lessons").glob("*.ipynb"))
 
 
 def write_class_files(release: Path) -> List[Path]:
@@ -334,6 +356,9 @@ def run(args: argparse.Namespace) -> int:
     starters = (f"starters of exercises before {assignment:02d}" if assignment is not None
                 else "no starters (pass --assignment NN to ship those of the exercises before NN)")
     print(f"released {course} to {args.out}: {len(files)} files, {notebooks} notebooks, no solutions, {starters}")
+    if placeholder_kept(args.out):
+        print("note: the notebooks' Colab block clones the course's placeholder repository URL: pass "
+              "--repo-url URL (your class repository) to write yours into the release", file=sys.stderr)
     return 0
 
 
