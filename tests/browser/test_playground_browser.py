@@ -48,7 +48,7 @@ def _run_all(page: Any, tries: int = 3) -> None:
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
         try:
             page.wait_for_function(
-                """() => {
+                r"""() => {
                     const p = document.querySelector('.jp-Notebook .jp-CodeCell .jp-InputPrompt');
                     return p && /\[(\d+|\*)\]/.test(p.textContent);
                 }""", timeout=20_000)
