@@ -16,7 +16,9 @@ Everywhere else it does nothing. The notebook's own setup code stays below it in
 Writing is idempotent: a block already there is replaced, nothing else changes. The
 repository URL comes from ``pyproject.toml``'s ``[project.urls] Repository`` (or the
 installed package's metadata); ``paged-kv release --repo-url URL`` calls
-:func:`setup_cell_source` (or :func:`apply`) with its own.
+:func:`setup_cell_source` (or :func:`apply`) with its own. The URL the course ships with is
+:data:`PLACEHOLDER_URL`, which names no published course: a block that clones it says so on
+the line above, so whoever copies it knows to put their own repository there.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ END = "# End of the Colab block; this notebook's own setup follows."
 _URL_LINE = re.compile(r'^    COURSE_REPO = "([^"]+)"$', re.MULTILINE)
 # Where a Colab runtime keeps the course: its working folder is /content.
 COLAB_CHECKOUT = "/content/paged-kv"
+# The repository URL pyproject.toml ships with. A placeholder: no course is published there. A
+# course's own repository puts its URL in pyproject.toml; a class release passes --repo-url.
+PLACEHOLDER_URL = "https://github.com/paged-kv/paged-kv"
+PLACEHOLDER_NOTE = "    # A placeholder: replace it with the URL of the repository this notebook came from."
 
 
 class SetupCellError(ValueError):
@@ -61,7 +67,8 @@ def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
     raise SetupCellError(f"{pyproject}: no [project.urls] Repository, and the installed package names none")
 
 
-def _check_url(repo_url: str) -> str:
+def check_url(repo_url: str) -> str:
+    """``repo_url`` if it is an https:// or git@ URL that a notebook line can quote; else SetupCellError."""
     if not isinstance(repo_url, str) or not re.fullmatch(r"(https://|git@)[^\s\"'\\]+", repo_url):
         raise SetupCellError(f"repo_url {repo_url!r}: expected an https:// or git@ URL without quotes or spaces")
     return repo_url
@@ -70,7 +77,7 @@ def _check_url(repo_url: str) -> str:
 def setup_cell_source(repo_url: str, folder: str = "lessons") -> str:
     """The Colab block for a notebook in ``folder`` (relative to the course root, e.g.
     ``"lessons"`` or ``"exercises"``), cloning ``repo_url`` when the course is missing."""
-    _check_url(repo_url)
+    check_url(repo_url)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*", folder) or ".." in folder.split("/"):
         raise SetupCellError(f"folder {folder!r}: expected a path inside the course, such as 'lessons'")
     parts = ", ".join(f'"{p}"' for p in folder.split("/"))
@@ -83,6 +90,7 @@ def setup_cell_source(repo_url: str, folder: str = "lessons") -> str:
         "    import os",
         "    import subprocess",
         "",
+        *([PLACEHOLDER_NOTE] if repo_url == PLACEHOLDER_URL else []),
         f'    COURSE_REPO = "{repo_url}"',
         '    if importlib.util.find_spec("paged_kv_course") is None:',
         f'        if not os.path.isdir("{COLAB_CHECKOUT}"):',

@@ -43,7 +43,7 @@ FREE_FILL = "#f2f2f2"
 FREE_STROKE = "#b5b5b5"
 CACHED_FILL = "#fff1c7"
 CACHED_STROKE = "#c99700"
-HIGHLIGHT = "#111111"  # outlines what the last action changed; near-black reads for everyone
+HIGHLIGHT = "#111111"  # the translated token's block and slot, and the "changed" halo; near-black reads for everyone
 TEXT_DARK = "#222222"
 TEXT_LIGHT = "#ffffff"
 MUTED_TEXT = "#666666"
@@ -52,6 +52,11 @@ TABLE_LABEL_TEXT = "#555"  # the label column of the translation table
 BACKGROUND = "#ffffff"  # a block's header strip, label pills, slot dividers
 NEUTRAL = "#888888"  # no sequence colour: an ownerless used block, the "filled slots" swatch, arrows
 OUTLINE = "#333333"  # the border of a used block and of the legend's shared/hashed swatches
+
+# The dash patterns of the block marks (SVG stroke-dasharray): one pattern, one meaning, in the
+# blocks and in the legend alike.
+FREE_DASH = "4 2"  # the thin grey border of a free block
+CHANGED_DASH = "5 3"  # the halo around a block the last action changed
 GUIDE_LINE = "#444444"  # a reference line on a chart (a pool's capacity)
 OK_TEXT = "#1b5e20"  # a log line for an action that succeeded
 ERROR_TEXT = "#b00020"  # a log line for an action that was refused or broke an invariant

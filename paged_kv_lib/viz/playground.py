@@ -250,7 +250,11 @@ class Playground:
         return child if self._run(act) else None
 
     def free(self, seq_id: Optional[int]) -> bool:
-        """Free a sequence; its blocks go back to the free queue (shared ones stay with the others)."""
+        """Free a sequence; its blocks go back to the free queue (shared ones stay with the others).
+
+        The log line says where each block went: back to the free queue (and whether it stays
+        cached there), or still in use by the sequences that share it.
+        """
         def act() -> str:
             self._need_seq(seq_id)
             if seq_id in getattr(self.allocator, "swapped_seq_ids", ()):
@@ -258,15 +262,32 @@ class Playground:
                 return f"freed seq {seq_id}, which was swapped out: its CPU blocks are free again"
             blocks = self.allocator.get_block_mapping(seq_id)
             self.allocator.free_sequence(seq_id)
-            free_now = set(self.allocator.free_blocks)
-            released = [b for b in blocks if b in free_now]
-            kept = [b for b in blocks if b not in free_now]
-            text = f"freed seq {seq_id}: blocks {released} back to the free queue"
-            if kept:
-                text += f", blocks {kept} still used by other sequences"
-            return text
+            return f"freed seq {seq_id}: " + self._where_freed_blocks_went(blocks)
 
         return self._run(act)
+
+    def _where_freed_blocks_went(self, blocks: Sequence[int]) -> str:
+        """The end of a "freed seq N: ..." line: which of ``blocks`` are free now, which are not."""
+        if not blocks:
+            return "it held no block, so none went back to the free queue"
+        free_now = set(self.allocator.free_blocks)
+        released = [b for b in blocks if b in free_now]
+        kept = [b for b in blocks if b not in free_now]
+        holders = sorted({s for s, table in self.allocator.sequence_block_tables.items()
+                          if not set(table.block_ids).isdisjoint(kept)})
+        if not released:
+            text = f"no block went back to the free queue: its {count(len(kept), 'block')} {kept}"
+        else:
+            text = f"blocks {released} back to the free queue"
+            cached = [b.block_id for b in self.allocator.blocks
+                      if b.block_id in released and b.block_hash is not None]
+            if cached:
+                text += f" ({cached} stay cached for a prompt with the same prefix)"
+            if kept:
+                text += f"; blocks {kept}"
+        if kept:
+            text += " stay in use" + (" by " + ", ".join(f"seq {s}" for s in holders) if holders else "")
+        return text
 
     def swap_out(self, seq_id: Optional[int]) -> bool:
         """Move a sequence's K/V to the CPU pool, freeing its device blocks (preemption by swapping)."""
@@ -411,7 +432,7 @@ class Playground:
         return True
 
     def _block_states(self) -> Dict[int, Tuple[Any, ...]]:
-        return {b["block_id"]: (b["state"], b["owners"], b["fill"], b["hash"])
+        return {b["block_id"]: (b["state"], tuple(sorted(b["owners"])), b["fill"], b["hash"])
                 for b in snapshot.pool_blocks(self.allocator)}
 
     def _record(self, kind: str, text: str) -> None:

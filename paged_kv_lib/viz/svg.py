@@ -19,6 +19,8 @@ from .colors import (
     BACKGROUND,
     CACHED_FILL,
     CACHED_STROKE,
+    CHANGED_DASH,
+    FREE_DASH,
     FREE_FILL,
     FREE_STROKE,
     HIGHLIGHT,
@@ -164,10 +166,28 @@ def _block_tooltip(block: Dict[str, Any]) -> str:
     return text
 
 
+SHARED_WIDTH = 2  # the border of a shared block; every other block border is 1 wide
+
+
 def pool_block(block: Dict[str, Any], x: float, y: float, *, highlight_offset: Optional[int] = None,
                highlighted: bool = False) -> str:
-    """One physical block: header with its id and fill, body coloured by owner(s) or state."""
+    """One physical block: header with its id and fill, body coloured by owner(s) or state.
+
+    Each mark means one thing, and :func:`legend_items` names each one:
+
+    * ``shared``: colour bands (one per owner) and a thick border: ``ref_count > 1``;
+    * ``free``: grey body, thin dashed border, the word "free": in the free queue, empty;
+    * ``cached``: pale yellow body, the word "cached": free, but it keeps its prefix hash;
+    * ``hashed``: a corner flag on a used block: its full content is in the prefix cache;
+    * ``changed``: a dashed halo around the block (``block["changed"]``, set by the
+      playground): the last action changed it (took, freed, filled, copied or evicted it).
+
+    ``highlighted`` is the address-translation view's own solid halo around the block the
+    chosen token lives in. The group's ``data-marks`` lists the marks drawn, for tests and
+    for anyone inspecting the DOM; every mark's element has the class ``pkv-mark-<mark>``.
+    """
     state, size = block["state"], block["block_size"]
+    marks: List[str] = []
     parts = [_el("title", html.escape(_block_tooltip(block)))]
     body_y = y + HEADER_H
     parts.append(_el("rect", x=x, y=y, width=CELL_W, height=HEADER_H, fill=BACKGROUND))
@@ -180,28 +200,42 @@ def pool_block(block: Dict[str, Any], x: float, y: float, *, highlight_offset: O
         parts += _pill(x + CELL_W / 2, body_y + BODY_H / 2, _owner_label(block["owners"], block["ref_count"]))
         if block.get("hash"):
             # A corner flag: this full block's content is in the prefix cache.
-            parts.append(_el("path", class_="pkv-hashed", d=f"M{x + CELL_W - 9} {body_y}h9v9z", fill=CACHED_STROKE))
-        stroke, dash, width = OUTLINE, None, 2 if block["ref_count"] > 1 else 1
+            marks.append("hashed")
+            parts.append(_el("path", class_="pkv-hashed pkv-mark-hashed", d=f"M{x + CELL_W - 9} {body_y}h9v9z",
+                             fill=CACHED_STROKE))
+        shared = block["ref_count"] > 1
+        if shared:
+            marks.append("shared")
+        border = _el("rect", class_="pkv-mark-shared" if shared else None, x=x, y=y, width=CELL_W,
+                     height=CELL_H, fill="none", stroke=OUTLINE, stroke_width=SHARED_WIDTH if shared else 1)
     else:
+        marks.append(state)
         fill, stroke = (CACHED_FILL, CACHED_STROKE) if state == "cached" else (FREE_FILL, FREE_STROKE)
-        parts.append(_el("rect", x=x, y=body_y, width=CELL_W, height=BODY_H, fill=fill))
+        parts.append(_el("rect", class_=f"pkv-mark-{state}", x=x, y=body_y, width=CELL_W, height=BODY_H,
+                         fill=fill))
         parts.append(_text(x + CELL_W / 2, body_y + BODY_H / 2 + 4, state, size=11,
                            anchor="middle", fill=MUTED_TEXT))
-        dash, width = ("4 2" if state == "free" else None), 1
-    parts.append(_el("rect", x=x, y=y, width=CELL_W, height=CELL_H, fill="none", stroke=stroke,
-                     stroke_width=width, stroke_dasharray=dash))
+        border = _el("rect", x=x, y=y, width=CELL_W, height=CELL_H, fill="none", stroke=stroke, stroke_width=1,
+                     stroke_dasharray=FREE_DASH if state == "free" else None)
+    parts.append(border)
     if highlight_offset is not None:
         sw = CELL_W / size
         parts.append(_el("rect", class_="pkv-slot", x=x + highlight_offset * sw, y=body_y,
                          width=sw, height=BODY_H, fill="none", stroke=HIGHLIGHT, stroke_width=2))
+    if block.get("changed"):
+        marks.append("changed")
+        parts.append(_el("rect", class_="pkv-mark-changed", x=x - 3, y=y - 3, width=CELL_W + 6,
+                         height=CELL_H + 6, rx=4, fill="none", stroke=HIGHLIGHT, stroke_width=2,
+                         stroke_dasharray=CHANGED_DASH))
     if highlighted:
         parts.append(_el("rect", x=x - 3, y=y - 3, width=CELL_W + 6, height=CELL_H + 6, rx=3,
                          fill="none", stroke=HIGHLIGHT, stroke_width=2.5))
     return _el(
-        "g", "".join(parts), class_="pkv-block" + (" pkv-highlight" if highlighted else ""),
+        "g", "".join(parts),
+        class_="pkv-block" + (" pkv-changed" if block.get("changed") else "") + (" pkv-highlight" if highlighted else ""),
         data_block_id=block["block_id"], data_state=state,
         data_seq=" ".join(str(s) for s in block["owners"]), data_ref_count=block["ref_count"],
-        data_fill=block["fill"],
+        data_fill=block["fill"], data_marks=" ".join(marks),
     )
 
 
@@ -252,16 +286,19 @@ def _link(start: Point, end: Point, color: str, *, width: float = 1.5, opacity: 
 
 
 def legend_items(seq_ids: Iterable[int], *, shared: bool = False, cached: bool = True,
-                 hashed: bool = False) -> List[Tuple[str, str, str]]:
-    """(kind, colour, label) entries for :func:`legend`: the sequences shown, then block states."""
+                 hashed: bool = False, changed: bool = False) -> List[Tuple[str, str, str]]:
+    """(kind, colour, label) entries for :func:`legend`: the sequences shown, then one entry per
+    block mark (see :func:`pool_block`), each label saying what its mark means."""
     items = [("seq", seq_color(s), f"seq {s}") for s in seq_ids]
-    items.append(("free", FREE_FILL, "free"))
+    items.append(("free", FREE_FILL, "free: in the free queue"))
     if cached:
-        items.append(("cached", CACHED_FILL, "cached (free, reusable prefix)"))
+        items.append(("cached", CACHED_FILL, "cached: free, keeps its prefix for reuse"))
     if shared:
-        items.append(("shared", BACKGROUND, "bands / thick border: shared block"))
+        items.append(("shared", BACKGROUND, "bands + thick border: shared (ref count > 1)"))
     if hashed:
         items.append(("hashed", CACHED_STROKE, "corner flag: full block in the prefix cache"))
+    if changed:
+        items.append(("changed", HIGHLIGHT, "dashed halo: changed by the last action"))
     items.append(("fill", NEUTRAL, "solid part = filled slots"))
     return items
 
@@ -275,11 +312,15 @@ def legend(items: Sequence[Tuple[str, str, str]], x0: float, y0: float, width: f
         if x > x0 and x + w > x0 + width:
             x, y = x0, y + LINE_H
         if kind == "free":
-            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=FREE_STROKE, stroke_dasharray="3 2")
+            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=FREE_STROKE,
+                         stroke_dasharray=FREE_DASH)
         elif kind == "cached":
             swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=CACHED_STROKE)
         elif kind == "shared":
-            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=OUTLINE, stroke_width=2)
+            swatch = _el("rect", x=x, y=y, width=14, height=12, fill=color, stroke=OUTLINE, stroke_width=SHARED_WIDTH)
+        elif kind == "changed":
+            swatch = _el("rect", x=x + 1, y=y + 1, width=12, height=10, rx=2, fill="none", stroke=color,
+                         stroke_width=2, stroke_dasharray=CHANGED_DASH)
         elif kind == "hashed":
             swatch = (_el("rect", x=x, y=y, width=14, height=12, fill=BACKGROUND, stroke=OUTLINE)
                       + _el("path", d=f"M{x + 6} {y}h8v8z", fill=color))
@@ -312,7 +353,7 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
                            f"blocks {blocks[i]['block_id']}\u2013{blocks[min(i + columns, len(blocks)) - 1]['block_id']}",
                            size=11, anchor="end", fill=MUTED_TEXT))
     for block, (bx, by) in zip(blocks, pool_pos):
-        parts.append(pool_block(block, bx, by, highlighted=bool(block.get("changed"))))
+        parts.append(pool_block(block, bx, by))
     where = {b["block_id"]: p for b, p in zip(blocks, pool_pos)}
     y += _grid_height(len(blocks), columns) + 46
     widest = columns
@@ -349,7 +390,8 @@ def render_block_table(model: Dict[str, Any], *, columns: int = 16, links: bool 
     width = pool_x + widest * (CELL_W + GAP) - GAP + MARGIN
     seqs = [r["seq_id"] for r in rows] + [r["seq_id"] for r in model.get("swapped", ())]
     items = legend_items(seqs, shared=any(b["ref_count"] > 1 for b in blocks),
-                         hashed=any(b["state"] == "used" and b.get("hash") for b in blocks))
+                         hashed=any(b["state"] == "used" and b.get("hash") for b in blocks),
+                         changed=any(b.get("changed") for b in blocks))
     legend_parts, legend_h = legend(items, MARGIN, y + 8, width - 2 * MARGIN)
     height = y + 8 + legend_h + MARGIN
     label = f"paged KV pool with {count(len(blocks), 'block')} and {count(len(rows), 'sequence')}"
@@ -378,7 +420,7 @@ def render_free_queue(entries: Sequence[Dict[str, Any]], num_blocks: int, *, col
             tooltip += f", hash {entry['hash']}"
         cell = [_el("title", html.escape(tooltip)),
                 _el("rect", x=x, y=y, width=w, height=h, rx=3, fill=fill, stroke=stroke,
-                    stroke_dasharray=None if entry["state"] == "cached" else "4 2"),
+                    stroke_dasharray=None if entry["state"] == "cached" else FREE_DASH),
                 _text(x + w / 2, y + h / 2 + 4, f"#{entry['block_id']}", size=11, anchor="middle", weight="bold")]
         if i == 0:
             cell.append(_text(x + w / 2, y - 5, "head", size=11, anchor="middle", fill=MUTED_TEXT))

@@ -81,10 +81,12 @@ class _View:
 class BlockTableView(_View):
     """The physical pool as a grid, and each sequence's block table lined up against it.
 
-    A block's colour is its owner's (bands of several colours: a shared block, whose
-    ``ref_count`` > 1); the solid part of a block is its filled slots; grey dashed blocks
-    are free, pale yellow ones are free but cached. Curves link each logical block to the
-    physical block it maps to.
+    A block's colour is its owner's; the solid part of a block is its filled slots. Each
+    other mark means one thing, and the legend under the picture says which: bands of
+    several colours and a thick border, a shared block (``ref_count`` > 1); grey dashed,
+    free; pale yellow, free but cached; a corner flag, a used block in the prefix cache;
+    a dashed halo, a block the playground's last action changed (``changed``). Curves
+    link each logical block to the physical block it maps to.
 
     Example::
 
@@ -104,7 +106,7 @@ class BlockTableView(_View):
     def __init__(self, allocator: Any, *, columns: int = 16, links: bool = True) -> None:
         super().__init__(allocator, columns=columns)
         self.links = links
-        self.changed: Set[int] = set()  # block ids to outline (the playground sets it after each action)
+        self.changed: Set[int] = set()  # block ids to mark "changed" (the playground sets it after each action)
 
     def model(self) -> Dict[str, Any]:
         """``{"block_size", "blocks": [per physical block], "sequences": [per sequence], "swapped": [...]}``."""

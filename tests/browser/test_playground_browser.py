@@ -39,6 +39,25 @@ def _set_int(page: Any, css: str, value: int) -> None:
     box.press("Enter")
 
 
+def _run_all(page: Any, tries: int = 3) -> None:
+    """Run every cell from the menu, as a learner would. On a busy machine the notebook can
+    report idle before its kernel takes requests, and the click then runs nothing: try again
+    until the first code cell shows it ran (a number or ``*`` in its prompt)."""
+    for _ in range(tries):
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        try:
+            page.wait_for_function(
+                r"""() => {
+                    const p = document.querySelector('.jp-Notebook .jp-CodeCell .jp-InputPrompt');
+                    return p && /\[(\d+|\*)\]/.test(p.textContent);
+                }""", timeout=20_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"Run All Cells ran nothing in {tries} tries")
+
+
 def _logical_blocks(page: Any, seq_id: int) -> List[int]:
     cells = page.locator(f'.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="{seq_id}"]')
     return [int(x) for x in cells.evaluate_all("els => els.map(e => e.getAttribute('data-block-id'))")]
@@ -90,9 +109,7 @@ def test_playground_buttons_drive_the_kernel_allocator(jupyter_server, page):
     page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(
         timeout=KERNEL_TIMEOUT_MS)
 
-    # Run every cell from the menu, as a learner would.
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    _run_all(page)
     playground = page.locator(".pkv-playground")
     playground.wait_for(timeout=KERNEL_TIMEOUT_MS)
     page.locator(".pkv-playground svg.pkv-block-table").wait_for()
@@ -138,27 +155,102 @@ def test_playground_buttons_drive_the_kernel_allocator(jupyter_server, page):
 
     # Fork: shared blocks when the allocator has fork(), a readable refusal when it doesn't.
     page.locator(".pkv-fork button, button.pkv-fork").first.click()
-    if state["has_fork"]:
-        page.locator('.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="1"]').first.wait_for()
-        state = _kernel_state(page)
-        assert state["mappings"]["1"] == _logical_blocks(page, 1) == state["mappings"]["0"]
-        shared = page.locator('.pkv-playground svg.pkv-block-table g.pkv-block[data-ref-count="2"]').count()
-        assert shared == len(state["mappings"]["0"])
-        _shot(page, "3-after-fork")
-    else:
+    if not state["has_fork"]:
         page.locator(".pkv-log-line.pkv-error", has_text="no fork()").wait_for()
+        return
+    page.locator(".pkv-log-line", has_text="forked seq 0 -> seq 1").wait_for()
+    state = _kernel_state(page)
+    assert state["mappings"]["1"] == _logical_blocks(page, 1) == state["mappings"]["0"]
+    shared = page.locator('.pkv-playground svg.pkv-block-table g.pkv-block[data-ref-count="2"]').count()
+    assert shared == len(state["mappings"]["0"])
+    marks = _check_picture(page, state)
+    # Every block of seq 0 is shared now, and the fork changed exactly those.
+    assert {b for b, m in marks.items() if "shared" in m} == set(state["mappings"]["0"])
+    assert {b for b, m in marks.items() if "changed" in m} == set(state["mappings"]["0"])
+    _shot(page, "3-after-fork")
 
-    # Free seq 0: its blocks are back in the free queue drawn in the page.
+    # Free seq 0: seq 1 still holds every block, so none is free, none is shared any more, and
+    # the log says so (it used to say "blocks [] back to the free queue" and mark them "shared").
+    held = state["mappings"]["0"]
     page.locator(".pkv-seq-select select").select_option(label="seq 0")
     page.locator(".pkv-free button, button.pkv-free").first.click()
-    page.locator(".pkv-log-line", has_text="freed seq 0").wait_for()
+    page.locator(".pkv-log-line", has_text="freed seq 0: no block went back to the free queue").wait_for()
+    assert f"its 4 blocks {held} stay in use by seq 1" in page.locator(".pkv-log-line").last.inner_text()
     state = _kernel_state(page)
     assert "0" not in state["mappings"]
     assert page.locator('.pkv-playground svg.pkv-block-table g.pkv-logical[data-seq="0"]').count() == 0
     free_drawn = page.locator(".pkv-playground svg.pkv-free-queue g.pkv-free-entry").evaluate_all(
         "els => els.map(e => Number(e.getAttribute('data-block-id')))")
     assert free_drawn == state["free_blocks"]
+    marks = _check_picture(page, state)
+    assert not any("shared" in m for m in marks.values())
+    assert {b for b, m in marks.items() if "changed" in m} == set(held)
     _shot(page, "4-after-free")
+
+    # Swap seq 1 out: its blocks are free (and marked changed), seq 1 waits in the CPU pool.
+    page.locator(".pkv-seq-select select").select_option(label="seq 1")
+    page.locator(".pkv-swap-out button, button.pkv-swap-out").first.click()
+    page.locator(".pkv-log-line", has_text="swapped out seq 1").wait_for()
+    state = _kernel_state(page)
+    assert state["swapped"] == [1] and state["mappings"] == {}
+    assert page.locator('.pkv-playground svg.pkv-block-table g.pkv-swapped[data-seq="1"]').count() == 1
+    marks = _check_picture(page, state)
+    assert {b for b, m in marks.items() if "changed" in m} == set(held)
+    assert all(marks[b] == {"free", "changed"} for b in held)
+    _shot(page, "5-after-swap-out")
+
+    # Swap it back in: device blocks again, the ones it took marked changed.
+    page.locator(".pkv-seq-select select").select_option(label="seq 1 (swapped out)")
+    page.locator(".pkv-swap-in button, button.pkv-swap-in").first.click()
+    page.locator(".pkv-log-line", has_text="swapped in seq 1").wait_for()
+    state = _kernel_state(page)
+    assert state["swapped"] == [] and state["mappings"]["1"] == _logical_blocks(page, 1)
+    marks = _check_picture(page, state)
+    assert set(state["mappings"]["1"]) <= {b for b, m in marks.items() if "changed" in m}
+    _shot(page, "6-after-swap-in")
+
+
+def _expected_marks(state: Dict[str, Any]) -> Dict[int, set]:
+    """The marks each block must show, from the kernel's allocator (the legend's meanings)."""
+    marks = {}
+    for block_id, (ref_count, hashed) in state["blocks"].items():
+        m = set()
+        if ref_count == 0:
+            m.add("cached" if hashed else "free")
+        elif hashed:
+            m.add("hashed")
+        if ref_count > 1:
+            m.add("shared")
+        if int(block_id) in state["changed"]:
+            m.add("changed")
+        marks[int(block_id)] = m
+    return marks
+
+
+def _check_picture(page: Any, state: Dict[str, Any]) -> Dict[int, set]:
+    """Each block in the page's SVG draws exactly its marks, and the legend explains each one."""
+    svg = ".pkv-playground svg.pkv-block-table"
+    rows = page.locator(f"{svg} g.pkv-block").evaluate_all(
+        """els => els.map(e => [
+            Number(e.getAttribute('data-block-id')),
+            (e.getAttribute('data-marks') || '').split(' ').filter(Boolean),
+            Array.from(e.querySelectorAll('[class*="pkv-mark-"]'))
+                 .map(m => m.getAttribute('class').match(/pkv-mark-([a-z]+)/)[1]),
+        ])""")
+    legend = dict(page.locator(f"{svg} g.pkv-legend-item").evaluate_all(
+        "els => els.map(e => [e.getAttribute('data-kind'), e.textContent])"))
+    want = _expected_marks(state)
+    drawn = {block_id: set(listed) for block_id, listed, _ in rows}
+    assert drawn == want
+    for block_id, listed, elements in rows:
+        assert sorted(elements) == sorted(listed), f"block {block_id} lists {listed} but draws {elements}"
+    meanings = {"shared": "ref count > 1", "changed": "last action", "free": "free queue",
+                "cached": "free", "hashed": "prefix cache"}
+    for mark in set().union(*drawn.values()):
+        assert meanings[mark] in legend.get(mark, ""), f"the legend does not explain {mark!r}: {legend}"
+    assert ("shared" in legend) == any("shared" in m for m in drawn.values())
+    assert ("changed" in legend) == any("changed" in m for m in drawn.values())
+    return drawn
 
 
 def test_stored_pictures_show_in_an_untrusted_notebook(jupyter_server, page):

@@ -135,10 +135,16 @@ def test_starters_ship_only_for_exercises_before_the_assignment(tmp_path):
 def test_a_release_writes_the_class_repository_into_every_setup_block(tmp_path):
     course = demo_course(tmp_path / "course")
     shutil.copytree(REPO / "paged_kv_lib", course / "paged_kv_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", course / "pyproject.toml")
     url = "https://example.org/our-class/paged-kv.git"
     out = tmp_path / "release"
     release.build_release(course, out, repo_url=url)
     from paged_kv_course import setup_cell
+
+    # The release names the class repository everywhere: its pyproject too, with no placeholder left.
+    assert setup_cell.repository_url(out / "pyproject.toml") == url
+    assert "PLACEHOLDER" not in (out / "pyproject.toml").read_text()
+    assert setup_cell.PLACEHOLDER_URL not in "".join(p.read_text() for p in out.rglob("*.ipynb"))
 
     for notebook in [out / "exercises" / "90_demo.ipynb", out / "exercises" / "pristine" / "90_demo.ipynb"]:
         first = next(c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code")

@@ -93,6 +93,36 @@ def test_a_release_has_a_learner_readme_a_dockerignore_and_the_course_package(tm
         "it links docs/instructors.md, which the release leaves out"]
 
 
+def test_the_repository_has_the_dockerignore_a_release_carries(tmp_path):
+    """An image built from a folder holding a learner's .venv must not send it to Docker (issue 34,
+    item 8): the repository has a .dockerignore, a release copies the course's own, and a course
+    without one gets the same text."""
+    text = (REPO / ".dockerignore").read_text()
+    assert text == release.DOCKERIGNORE
+    assert {".venv", ".git", "**/__pycache__", "test-artifacts"} <= set(text.splitlines())
+    assert ".dockerignore" in release.RELEASED
+    course = demo_course(tmp_path / "course")
+    (course / ".dockerignore").write_text(".venv\nmy-own-rule\n")
+    (course / ".venv" / "lib").mkdir(parents=True)
+    (course / ".venv" / "lib" / "big.so").write_bytes(b"x")
+    out = tmp_path / "release"
+    release.build_release(course, out)
+    assert (out / ".dockerignore").read_text() == ".venv\nmy-own-rule\n"
+    assert not (out / ".venv").exists()
+
+
+def test_a_release_that_keeps_the_placeholder_url_is_told_so(tmp_path):
+    from paged_kv_course.setup_cell import PLACEHOLDER_URL, setup_cell_source
+
+    (tmp_path / "lessons").mkdir()
+    lesson = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(setup_cell_source(PLACEHOLDER_URL))])
+    nbformat.write(lesson, tmp_path / "lessons" / "01_x.ipynb")
+    assert release.placeholder_kept(tmp_path)
+    lesson.cells[0].source = setup_cell_source("https://example.org/our-class/paged-kv.git")
+    nbformat.write(lesson, tmp_path / "lessons" / "01_x.ipynb")
+    assert not release.placeholder_kept(tmp_path)
+
+
 def test_a_release_refuses_a_learner_version_that_would_leak_a_solution(tmp_path, monkeypatch):
     course = demo_course(tmp_path / "course")
 

@@ -54,6 +54,20 @@ def test_the_root_environment_is_the_learners_too():
     assert _pip_lines(env) == ["-e .[lab,triton]", "-e ./course"]
 
 
+BINDER_LINK = re.compile(r"https://mybinder\.org/v2/gh/[^\s`)]+")
+
+
+def test_the_readme_and_the_platforms_page_give_the_same_binder_launch():
+    """docs/platforms.md once pointed at a README badge that did not exist (issue 34, item 8)."""
+    readme = (ROOT / "README.md").read_text()
+    platforms = (ROOT / "docs" / "platforms.md").read_text()
+    links = set(BINDER_LINK.findall(readme))
+    assert len(links) == 1 and links == set(BINDER_LINK.findall(platforms))
+    assert all("OWNER/REPO" in link and "lessons/00_setup.ipynb" in link for link in links)
+    has_badge = "mybinder.org/badge" in readme
+    assert has_badge or "badge in the README" not in platforms
+
+
 def _repo2docker() -> str:
     found = os.environ.get("REPO2DOCKER") or shutil.which("repo2docker")
     if not found:
@@ -96,6 +110,18 @@ def test_dockerfile_builds_the_course_on_a_jupyter_stack_image():
     assert users[-1] == "${NB_UID}"
     hook = next(a for k, a in steps if k == "COPY" and "before-notebook.d" in a).split()[0]
     assert (ROOT / hook).is_file()
+
+
+def test_a_build_on_the_frozen_docker_hub_base_says_so():
+    """The stacks' Docker Hub names stopped updating in October 2023: a build on one warns."""
+    steps = _instructions(ROOT / "docker" / "Dockerfile")
+    default = next(a for k, a in steps if k == "ARG" and a.startswith("BASE_IMAGE=")).split("=", 1)[1]
+    after_from = steps[[k for k, _ in steps].index("FROM") + 1:]
+    assert ("ARG", "BASE_IMAGE") in after_from  # the value is visible to RUN after FROM
+    if default.startswith("jupyter/"):
+        warn = next(a for k, a in after_from if k == "RUN" and "BASE_IMAGE" in a)
+        assert "jupyter/*" in warn and "frozen" in warn and ">&2" in warn
+    assert "stopped updating" in (ROOT / "docs" / "platforms.md").read_text()
 
 
 def test_the_course_copy_hook_never_overwrites_a_learners_work(tmp_path):

@@ -136,6 +136,18 @@ def test_the_package_metadata_names_the_repository():
     assert re.match(r"https://", setup_cell.repository_url())
 
 
+def test_a_block_that_clones_the_placeholder_says_so():
+    """The URL the course ships with names no published course (issue 34, item 8): whoever copies
+    the block or pyproject.toml is told to put their own repository there."""
+    placeholder = setup_cell.setup_cell_source(setup_cell.PLACEHOLDER_URL)
+    assert setup_cell.PLACEHOLDER_NOTE in placeholder.splitlines()
+    assert "placeholder" not in setup_cell.setup_cell_source(URL).lower()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    if setup_cell.repository_url() == setup_cell.PLACEHOLDER_URL:
+        urls = pyproject[pyproject.index("[project.urls]"):pyproject.index("Repository =")]
+        assert "PLACEHOLDER" in urls
+
+
 # The course itself. Until the lead applies the block to lesson 07 and the exercises at merge,
 # the first of these fails, naming them: that is expected on the platforms branch.
 def test_every_notebook_opens_with_the_setup_block():

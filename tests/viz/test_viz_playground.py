@@ -88,6 +88,32 @@ def test_free_button_returns_blocks_and_updates_the_dropdown():
     assert pg.free_queue.widget().value == pg.free_queue.to_html(inline=True)
 
 
+def test_free_says_where_each_block_went():
+    """A free never logs an empty list ("blocks [] back to the free queue"): it names the blocks
+    that went back, those kept cached, and who still holds the rest (issue 34, item 8)."""
+    pg = Playground(num_blocks=8, block_size=4)
+    pg.add_sequence(token_ids=list(range(9)))  # seq 0: blocks 0, 1 full, block 2 holds one token
+    pg.fork(0)  # seq 1 shares all three
+    pg.free(0)
+    assert pg.log[-1] == "freed seq 0: no block went back to the free queue: its 3 blocks [0, 1, 2] stay in use by seq 1"
+    pg.fork(1)  # seq 2
+    pg.append(2, 3)  # copy-on-write: seq 2's last block is its own now
+    mine = pg.allocator.get_block_mapping(2)[2]
+    pg.free(2)
+    assert pg.log[-1] == f"freed seq 2: blocks [{mine}] back to the free queue; blocks [0, 1] stay in use by seq 1"
+    pg.free(1)
+    assert pg.log[-1] == ("freed seq 1: blocks [0, 1, 2] back to the free queue "
+                          "([0, 1] stay cached for a prompt with the same prefix)")
+    pg.add_sequence(0)
+    pg.free(3)
+    assert pg.log[-1] == "freed seq 3: it held no block, so none went back to the free queue"
+    pg.add_sequence(5)
+    pg.swap_out(4)
+    pg.free(4)
+    assert pg.log[-1] == "freed seq 4, which was swapped out: its CPU blocks are free again"
+    assert not any("[]" in line for line in pg.log if line.startswith("freed"))
+
+
 def test_actions_without_a_sequence_are_refused_politely():
     pg = Playground(make())
     for button in (pg.append_button, pg.fork_button, pg.free_button):

@@ -331,7 +331,7 @@ def test_full_blocks_in_the_prefix_cache_carry_a_flag():
     hashed = {b.block_id for b in alloc.blocks if b.block_hash is not None}
     assert hashed, "the two full prompt blocks should be in the prefix cache"
     flagged = {int(g.get("data-block-id")) for g in groups(parse(BlockTableView(alloc).svg()), "pkv-block")
-               if any(p.get("class") == "pkv-hashed" for p in g.iter(SVG + "path"))}
+               if any("pkv-hashed" in (p.get("class") or "").split() for p in g.iter(SVG + "path"))}
     assert flagged == hashed
 
 

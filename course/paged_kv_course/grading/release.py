@@ -5,9 +5,9 @@ from the solutions, so they cannot be stale), a pristine copy of each learner ve
 ``exercises/pristine/`` (what ``paged-kv grade`` compares against in a released course),
 the library and the course package (``course/``), the docs and the files that install them,
 a README written for learners (no ``make test``: a release has no ``tests/``; links only to
-pages the release holds), a ``.dockerignore`` (an image built from the release leaves out
-``.venv``, ``.git`` and caches), and one workflow, ``.github/workflows/check.yml``, that runs
-``make check`` on every push as feedback. GitHub Classroom's autograding is not written: the
+pages the release holds), the course's ``.dockerignore`` (an image built from the release leaves
+out ``.venv``, ``.git`` and caches; a course without one gets :data:`DOCKERIGNORE`), and one
+workflow, ``.github/workflows/check.yml``, that runs ``make check`` on every push as feedback. GitHub Classroom's autograding is not written: the
 application is sunset, and a score computed in the learner's own repository is the learner's to
 change (they own the workflow, the Makefile and the library it runs), so credit comes from
 Gradescope or the instructor's batch.
@@ -34,7 +34,7 @@ from .notebook_tasks import BEGIN_MARKER, END_MARKER
 
 # What a learner's course is made of, relative to the course folder.
 RELEASED = ("lessons", "exercises", "paged_kv_lib", "course", "docs", "benchmarks", "scripts", "binder", "docker",
-            "LICENSE", "pyproject.toml", "environment.yml", "Makefile", ".gitignore")
+            "LICENSE", "pyproject.toml", "environment.yml", "Makefile", ".gitignore", ".dockerignore")
 PRISTINE_DIR = "pristine"
 # Instructor-only files inside released folders, relative to the course folder.
 WITHHELD = ("docs/instructors.md", "docs/class.md")
@@ -67,7 +67,10 @@ jobs:
         run: make check CHECK_SUMMARY="$GITHUB_STEP_SUMMARY"
 """
 
-DOCKERIGNORE = """# Written by `paged-kv release`: what stays out of an image built from this folder (docker/Dockerfile).
+# The repository's .dockerignore, for a course folder that has none (a test keeps the two the same).
+DOCKERIGNORE = """# What stays out of an image built from this folder with docker/Dockerfile (a release, or a checkout
+# with ALLOW_SOLUTIONS=1): environments, caches and run outputs, gigabytes a build would otherwise
+# send and copy. `paged-kv release` copies this file into every release.
 .git
 .github
 .venv
@@ -81,6 +84,7 @@ DOCKERIGNORE = """# Written by `paged-kv release`: what stays out of an image bu
 .ruff_cache
 build
 dist
+bench-out
 gpu-check-out
 test-artifacts
 """
@@ -194,7 +198,8 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
                   repo_url: Optional[str] = None) -> List[Path]:
     """Write the learner's course from ``course`` into ``out`` (which must not exist or be empty);
     return the files written. Starters ship only for exercises before ``assignment`` (none without it);
-    ``repo_url`` (the class repository) goes into every notebook's Colab setup block."""
+    ``repo_url`` (the class repository) goes into every notebook's Colab setup block and into the
+    release's ``pyproject.toml`` (``[project.urls] Repository``), so the release names it everywhere."""
     from .generate import generate, solution_paths
 
     course = course.resolve()
@@ -225,6 +230,7 @@ def build_release(course: Path, out: Path, assignment: Optional[int] = None,
         if repo_url is not None:
             from paged_kv_course.setup_cell import apply
 
+            _write_repository_url(staging / "pyproject.toml", repo_url)
             for notebook in sorted((staging / "lessons").glob("*.ipynb")) + sorted(exercises.glob("*.ipynb")):
                 if '"cell_type": "code"' in notebook.read_text(encoding="utf-8"):  # nothing to set up otherwise
                     apply(notebook, repo_url)
@@ -265,8 +271,29 @@ def readme_problems(release: Path) -> List[str]:
     return problems
 
 
+def _write_repository_url(pyproject: Path, repo_url: str) -> None:
+    """Put ``repo_url`` in ``pyproject``'s ``Repository = "..."`` line (the placeholder's comment goes too)."""
+    from paged_kv_course.setup_cell import check_url
+
+    if not pyproject.is_file():
+        return
+    text = pyproject.read_text(encoding="utf-8")
+    text = re.sub(r"(\[project\.urls\]\n)(?:#.*\n)*Repository = \"[^\"]*\"",
+                  lambda m: f'{m.group(1)}# The class repository (written by `paged-kv release --repo-url`).\n'
+                            f'Repository = "{check_url(repo_url)}"', text)
+    pyproject.write_text(text, encoding="utf-8")
+
+
+def placeholder_kept(release: Path) -> bool:
+    """Whether a release's notebooks still clone the course's placeholder URL (no --repo-url given)."""
+    from paged_kv_course.setup_cell import PLACEHOLDER_URL
+
+    return any(PLACEHOLDER_URL in p.read_text(encoding="utf-8") for p in (release / "lessons").glob("*.ipynb"))
+
+
 def write_class_files(release: Path) -> List[Path]:
-    """Write a release's README, its check workflow and its .dockerignore; refuse a README with a problem."""
+    """Write a release's README and its check workflow, and a .dockerignore if the course copied none;
+    refuse a README with a problem."""
     readme = release / "README.md"
     readme.write_text(release_readme(release), encoding="utf-8")
     problems = readme_problems(release)
@@ -277,7 +304,8 @@ def write_class_files(release: Path) -> List[Path]:
     check = folder / "check.yml"
     check.write_text(CHECK_WORKFLOW.format(python=PYTHON_VERSION), encoding="utf-8")
     dockerignore = release / ".dockerignore"
-    dockerignore.write_text(DOCKERIGNORE, encoding="utf-8")
+    if not dockerignore.is_file():
+        dockerignore.write_text(DOCKERIGNORE, encoding="utf-8")
     return [readme, check, dockerignore]
 
 
@@ -328,6 +356,9 @@ def run(args: argparse.Namespace) -> int:
     starters = (f"starters of exercises before {assignment:02d}" if assignment is not None
                 else "no starters (pass --assignment NN to ship those of the exercises before NN)")
     print(f"released {course} to {args.out}: {len(files)} files, {notebooks} notebooks, no solutions, {starters}")
+    if placeholder_kept(args.out):
+        print("note: the notebooks' Colab block clones the course's placeholder repository URL: pass "
+              "--repo-url URL (your class repository) to write yours into the release", file=sys.stderr)
     return 0
 
 
