@@ -45,7 +45,7 @@ from .pristine import (
     load_pristine,
     submission_exercise,
 )
-from .splice import _defined_names, splice, splice_cells, ungraded_code
+from .splice import _defined_names, built_on, splice, splice_cells, ungraded_code
 
 __all__ = [
     "CheckResult", "DEFAULT_CELL_TIMEOUT_S", "GradeReport", "GradingError", "InputError", "KERNEL_STARTUP_TIMEOUT_S", "PristineNotFoundError",
@@ -332,6 +332,8 @@ def grade_notebook(
             result.passed, result.failure, result.detail = False, lines[result.task], ""
             for check in result.checks:
                 check.passed = False
+    report.notes.extend(line for t in tasks.values() if (line := built_on(
+        t.task, spliced.cells[t.solution_cell].get("source", ""), pristine_nb.cells[t.solution_cell].get("source", ""))))
     other = [
         f"cell {n} (not a task) failed: {entry.get('line', '')}"
         for n, entry in sorted(results.items()) if n not in roles and entry.get("outcome") == "failed"
