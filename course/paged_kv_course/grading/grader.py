@@ -303,6 +303,9 @@ def grade_notebook(
         return report
     spliced, report.notes, used = splice_cells(pristine_nb, sub_nb)
     report.notes.extend(ungraded_code(pristine_nb, sub_nb, used))
+    if not found_cases and "hidden case" in "".join(str(c.get("source", "")) for c in pristine_nb.cells[:1]):
+        report.notes.append("the points this notebook's header gives to hidden cases are not graded here: only the "
+                            "instructor's grading has the hidden cases, so this total counts the visible checks")
     cells, roles = prepare_for_run(spliced, found_cases)
     hide = [*hidden, *search_hidden, *{c.path.parent for c in found_cases}, submission.resolve().parent,
             Path(tempfile.gettempdir())]
