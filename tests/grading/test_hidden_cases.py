@@ -210,3 +210,17 @@ def test_a_timeout_in_a_hidden_case_says_so_and_a_syntax_error_is_named_not_hint
     results[0] = {"outcome": "failed", "line": "a syntax error: SyntaxError: invalid syntax (line 1)", "detail": ""}
     task = grader.score(roles, find_tasks(nb), results, cells)[0]
     assert task.failure.startswith("solution cell: a syntax error") and task.earned == 0
+
+
+@pytest.mark.slow
+def test_a_grade_without_the_hidden_cases_says_their_points_are_left_out(tmp_path):
+    """In a release (no hidden cases), a notebook whose header gives points to hidden cases is graded on
+    its visible checks, and the report says so instead of showing a smaller total without a word."""
+    empty = tmp_path / "no-cases"
+    empty.mkdir()
+    learner = ROOT / "exercises" / "04_address_translation.ipynb"
+    report = grader.grade_notebook(learner, pristine=learner, cases=empty, workdir=tmp_path / "work")
+    assert any("hidden cases are not graded here" in n for n in report.notes), report.notes
+    with_cases = grader.grade_notebook(learner, pristine=learner, workdir=tmp_path / "work2",
+                                       cases=ROOT / "exercises" / "hidden")
+    assert not any("hidden cases are not graded here" in n for n in with_cases.notes), with_cases.notes

@@ -98,6 +98,13 @@ def show(value: Any) -> str:
     return text
 
 
+class Shown(str):
+    """Text that already shows values (several tensors laid out by a check): printed as it is, not quoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 class _print_options:
     """Short, exact tensor printing inside failure messages (restores the caller's options)."""
 

@@ -122,7 +122,30 @@ def check_allocate_02(MyAllocator: Any) -> None:
             raise fail(line, "a ValueError", f"it raised {type(exc).__name__}: {exc}",
                        "a pool needs at least one block of at least one slot: refuse it with a ValueError") from None
         raise fail(line, "a ValueError", "an allocator", "a pool needs at least one block of at least one slot")
+    _check_take_blocks(MyAllocator)
     passed("02.1")
+
+
+def _check_take_blocks(MyAllocator: Any) -> None:
+    """``take_blocks``: the one place blocks leave the free queue (exercise 06 overrides it alone)."""
+    a = Script(MyAllocator, 6, 2)
+    a.call("allocate_for_sequence", 0, 3)
+    want = {"free": [2, 3, 4, 5], "ref_counts": [1, 1, 0, 0, 0, 0]}
+    for count, taken in ((2, [2, 3]), (0, [])):
+        got = a.call("take_blocks", count, expected=taken, hint="take_blocks hands out blocks like an allocation")
+        where = a.where()
+        if type(got) is not list or got != taken:
+            raise fail(where, taken, got, "take_blocks(count) pops count ids off the head of the free queue and "
+                                          "returns them in that order ([] for 0)")
+        want = {"free": [b for b in want["free"] if b not in taken],
+                "ref_counts": [r + (i in taken) for i, r in enumerate(want["ref_counts"])]}
+        a.state(want, "after take_blocks, a.{name} is off: each block taken leaves the free queue, held once")
+    for count, error, why in ((3, RuntimeError, "3 blocks asked, 2 are free: too few blocks is a RuntimeError"),
+                              (-1, ValueError, "a negative count is a caller's bug: a ValueError")):
+        a.refused("take_blocks", (count,), error, accepted=why)
+        a.state(want, "a refused take_blocks must change nothing, and a.{name} changed")
+    a.call("allocate_for_sequence", 1, 4)
+    a.mapping(1, [4, 5], "after take_blocks, an allocation goes on from the head of the free queue")
 
 
 def check_allocator_02(MyAllocator: Any) -> None:

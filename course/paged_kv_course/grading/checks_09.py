@@ -24,7 +24,7 @@ from ._checks_09_kernel import check_paged_decode_kernel
 from ._checks_09_warmups import check_fold_tile, check_tile_addresses
 from ._common_given import GIVEN
 from ._common_repair import check_repair
-from ._common import call_learner, fail, is_tensor, passed, show
+from ._common import Shown, call_learner, fail, is_tensor, passed, show
 from ._common_09 import close, describe, matches
 
 
@@ -58,8 +58,8 @@ def _stateclose(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool((same_inf | torch.isclose(a, b, rtol=1e-5, atol=1e-5)).all())
 
 
-def _show_state(state: Sequence[Any]) -> str:
-    return "(m=" + show(state[0]) + ",\n l=" + show(state[1]) + ",\n acc=" + show(state[2]) + ")"
+def _show_state(state: Sequence[Any]) -> Shown:
+    return Shown("(m=" + show(state[0]) + ",\n l=" + show(state[1]) + ",\n acc=" + show(state[2]) + ")")
 
 
 def _unpack(got: Any, call: str, want: State) -> State:

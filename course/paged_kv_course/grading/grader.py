@@ -45,7 +45,7 @@ from .pristine import (
     load_pristine,
     submission_exercise,
 )
-from .splice import _defined_names, splice, splice_cells, ungraded_code
+from .splice import _defined_names, built_on, splice, splice_cells, ungraded_code
 
 __all__ = [
     "CheckResult", "DEFAULT_CELL_TIMEOUT_S", "GradeReport", "GradingError", "InputError", "KERNEL_STARTUP_TIMEOUT_S", "PristineNotFoundError",
@@ -303,6 +303,9 @@ def grade_notebook(
         return report
     spliced, report.notes, used = splice_cells(pristine_nb, sub_nb)
     report.notes.extend(ungraded_code(pristine_nb, sub_nb, used))
+    if not found_cases and "hidden case" in "".join(str(c.get("source", "")) for c in pristine_nb.cells[:1]):
+        report.notes.append("the points this notebook's header gives to hidden cases are not graded here: only the "
+                            "instructor's grading has the hidden cases, so this total counts the visible checks")
     cells, roles = prepare_for_run(spliced, found_cases)
     hide = [*hidden, *search_hidden, *{c.path.parent for c in found_cases}, submission.resolve().parent,
             Path(tempfile.gettempdir())]
@@ -332,6 +335,8 @@ def grade_notebook(
             result.passed, result.failure, result.detail = False, lines[result.task], ""
             for check in result.checks:
                 check.passed = False
+    report.notes.extend(line for t in tasks.values() if (line := built_on(
+        t.task, spliced.cells[t.solution_cell].get("source", ""), pristine_nb.cells[t.solution_cell].get("source", ""))))
     other = [
         f"cell {n} (not a task) failed: {entry.get('line', '')}"
         for n, entry in sorted(results.items()) if n not in roles and entry.get("outcome") == "failed"

@@ -136,3 +136,27 @@ def ungraded_code(pristine: NotebookNode, submission: NotebookNode, used: Dict[s
         notes.append(f"cell {index}: this code is not in a solution cell, so it was not graded; "
                      f"it belongs in the solution cell of task {owner}")
     return notes
+
+
+def built_on(task: str, learner: str, pristine: str) -> Optional[str]:
+    """Which class ``task``'s solution cell builds on, when the pristine cell starts from a course starter.
+
+    A learner may replace the starter's import line with their own class of the exercise before; the
+    grader runs the whole cell, so the grade is on that class, and this line says so in the report."""
+    try:
+        ours, theirs = ast.parse(pristine), ast.parse(learner)
+    except SyntaxError:
+        return None
+    starters = [(node.module, alias.name, alias.asname or alias.name) for node in ast.walk(ours)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("paged_kv_course.starters.")
+                for alias in node.names]
+    if not starters:
+        return None
+    module, name, bound = starters[0]
+    kept = any(isinstance(node, ast.ImportFrom) and node.module == module
+               and any(alias.name == name for alias in node.names) for node in ast.walk(theirs))
+    if kept:
+        return f"{task} builds on the course's {name} ({module})"
+    own = any(isinstance(node, ast.ClassDef) and node.name == bound for node in ast.walk(theirs))
+    where = "defined in its solution cell" if own else "not the starter's import"
+    return f"{task} builds on your own {bound} ({where}), not the course's {name}"

@@ -64,7 +64,10 @@ class AllocatorAfter02:
         return len(self.free)
 
     def take_blocks(self, count: int) -> List[int]:
-        """Pop ``count`` ids off the head of the free queue, each now held by one table (the caller checked)."""
+        """Pop ``count`` ids off the head of the free queue, each now held by one table: the one way out of it."""
+        count = _whole_number(count, "count", 0)
+        if count > len(self.free):
+            raise OutOfBlocksError(count, len(self.free), f"take {count} blocks")
         taken = [self.free.popleft() for _ in range(count)]
         for block_id in taken:
             self.ref_counts[block_id] = 1

@@ -1,5 +1,6 @@
 # expect: paged_kv_course.starters.after_03
 # ruff: noqa: F821 (a notebook cell: names come from the cells before it)
+from paged_kv_course.starters.after_02 import AllocatorAfter02 as MyAllocator
 from paged_kv_course.starters.after_03 import AllocatorAfter03
 
 

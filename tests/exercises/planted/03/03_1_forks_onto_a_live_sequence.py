@@ -1,5 +1,8 @@
 # expect: forking onto it is a ValueError
 # ruff: noqa: F821 (a notebook cell: names come from the cells before it)
+from paged_kv_course.starters.after_02 import AllocatorAfter02 as MyAllocator
+
+
 class MyAllocator(MyAllocator):
     def fork(self, parent_seq_id, child_seq_id):
         """Make ``child_seq_id`` a new sequence sharing every block of ``parent_seq_id``."""
