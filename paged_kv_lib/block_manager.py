@@ -24,7 +24,7 @@ import math
 from array import array
 from collections import deque
 from dataclasses import asdict, dataclass
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 from typing import Union
 
@@ -88,9 +88,15 @@ class FreeBlockQueue:
 
     def popleft(self) -> int:
         """Remove and return the id at the head."""
-        if self._len == 0:
+        sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
+        block_id = next_of[sentinel]
+        if block_id == sentinel:
             raise EmptyFreeQueueError("pop from an empty free queue")
-        return self.pop_many(1)[0]
+        next_of[sentinel] = after = next_of[block_id]
+        prev_of[after] = sentinel
+        prev_of[block_id] = next_of[block_id] = NOT_QUEUED
+        self._len -= 1
+        return block_id
 
     def pop_many(self, n: int) -> List[int]:
         """Remove and return the ``n`` ids at the head, in order (one call for a whole allocation)."""
@@ -237,9 +243,9 @@ def room_to_grow(table: BlockTable, up_to: int, spare: int, block_size: int, blo
 
 
 def growth_demand(tables: Sequence[BlockTable], num_tokens: int, block_size: int,
-                  blocks: Sequence[Block]) -> Tuple[int, List[int]]:
-    """What growing every table by ``num_tokens`` in one step takes: ``(free blocks, positions of the tables
-    that take any)``. The one home of the growth rule, for the questions and the acts alike.
+                  blocks: Sequence[Block]) -> int:
+    """The free blocks growing every table by ``num_tokens`` in one step takes. The one home of the growth rule,
+    for the questions and the acts alike.
 
     A table takes new blocks for the tokens past its capacity. A last block with room that other tables
     also hold is copied before the write (copy-on-write); a full one is never written again, so it stays
@@ -247,24 +253,17 @@ def growth_demand(tables: Sequence[BlockTable], num_tokens: int, block_size: int
     last holder writes in place.
     """
     needed = 0
-    takers: List[int] = []
     growers: Dict[int, int] = {}  # shared tail with room -> listed tables growing it
-    i = -1
     for table in tables:
-        i += 1
         ids = table.block_ids
         room = len(ids) * block_size - table.num_tokens  # free slots in the blocks it holds
         if room and num_tokens and blocks[ids[-1]].ref_count > 1:
             growers[ids[-1]] = growers.get(ids[-1], 0) + 1
-            takers.append(i)
-            if num_tokens > room:
-                needed += cdiv(num_tokens - room, block_size)
-        elif num_tokens > room:
+        if num_tokens > room:
             needed += cdiv(num_tokens - room, block_size)
-            takers.append(i)
     for tail, k in growers.items():
         needed += min(k, blocks[tail].ref_count - 1)
-    return needed, takers
+    return needed
 
 
 class PromptPlan(NamedTuple):
@@ -450,7 +449,7 @@ class BlockManager:
         """Free blocks ``append_tokens(seq_id, num_tokens)`` would take now: new blocks, plus one to copy
         a shared, non-full last block. For this sequence alone (:meth:`can_append` counts shared tails once)."""
         return growth_demand([self.table(seq_id)], as_count(num_tokens, "num_tokens"), self.block_size,
-                             self._blocks)[0]
+                             self._blocks)
 
     def can_append(self, seq_ids: Iterable[int], num_tokens: int = 1, *, watermark: float = 0.0) -> bool:
         """Whether every listed sequence can grow by ``num_tokens`` in the same step, leaving the watermark.
@@ -458,7 +457,7 @@ class BlockManager:
         num_tokens = as_count(num_tokens, "num_tokens")
         reserve = self.watermark_blocks(watermark)
         tables = [self._tables[s] for s in self._listed(seq_ids, "can_append")]
-        return len(self._free) - growth_demand(tables, num_tokens, self.block_size, self._blocks)[0] >= reserve
+        return len(self._free) - growth_demand(tables, num_tokens, self.block_size, self._blocks) >= reserve
 
     def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
         """The most tokens, at most ``up_to``, the sequence can grow by now and leave the watermark free
@@ -578,7 +577,7 @@ class BlockManager:
         """:meth:`allocate_slots` that raises :class:`OutOfBlocksError` (changing nothing) when they do not fit."""
         placed, ids = self._grow_listed(seq_ids, num_tokens, token_ids, 0)
         if placed is None:
-            needed = growth_demand([self._tables[s] for s in ids], num_tokens, self.block_size, self._blocks)[0]
+            needed = growth_demand([self._tables[s] for s in ids], num_tokens, self.block_size, self._blocks)
             raise OutOfBlocksError(needed, len(self._free), f"grow {len(ids)} sequences by {num_tokens}")
         return placed
 
@@ -592,12 +591,22 @@ class BlockManager:
         table = self._tables.get(seq_id) if type(seq_id) is int else None
         if table is None:
             table = self.table(seq_id)  # raises the typed error
-        elif token_ids is None and table.token_ids is None and type(num_tokens) is int and num_tokens > 0 and \
-                0 < table.num_tokens % self.block_size <= self.block_size - num_tokens and seq_id not in self._forked:
-            table.num_tokens += num_tokens  # most calls: the tokens fit in a last block no fork shares
-            return ()
         if type(num_tokens) is not int or num_tokens < 0:
             num_tokens = as_count(num_tokens, "num_tokens")
+        if token_ids is None and table.token_ids is None and seq_id not in self._forked:
+            # Most calls: no content to key and no fork sharing the last block (see _grow), so the sequence takes
+            # new blocks for the tokens past the capacity of those it holds, and nothing else.
+            count = table.num_tokens + num_tokens
+            if count <= len(table.block_ids) * self.block_size:
+                table.num_tokens = count
+                return ()
+            short = cdiv(count, self.block_size) - len(table.block_ids)
+            if short > len(self._free):
+                raise OutOfBlocksError(short, len(self._free), f"grow sequence {seq_id} to {count} tokens")
+            new = self._take(short)
+            table.block_ids += new
+            table.num_tokens = count
+            return tuple(new)
         tokens: Optional[List[TokenIds]] = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
         placed = self._grow((seq_id,), num_tokens, tokens, 0)
         if placed is None:
@@ -769,43 +778,53 @@ class BlockManager:
         """
         block_size, blocks, tables, spare = self.block_size, self._blocks, self._tables, self._free._len - reserve
         if spare < len(ids) * ((num_tokens + block_size - 2) // block_size + 1) and \
-                spare < growth_demand([tables[s] for s in ids], num_tokens, block_size, blocks)[0]:
+                spare < growth_demand([tables[s] for s in ids], num_tokens, block_size, blocks):
             return None
         placed: Placed = {}
-        forked, in_tail = self._forked, block_size - num_tokens
-        for seq_id, new_tokens in zip(ids, repeat(None) if tokens is None else tokens):
+        forked, fits = self._forked, block_size - num_tokens
+        # Most tables hold 1..fits tokens in a last block (so no reserve follows it) that no fork shares: the new
+        # tokens fit there, a count update. Only the others are asked what they take (_place), in listed order.
+        if tokens is None:
+            for seq_id in ids:
+                table = tables[seq_id]
+                count = table.num_tokens
+                if (count - 1) % block_size >= fits or (forked and seq_id in forked):
+                    got = self._place(table, num_tokens)
+                    if got:
+                        placed[seq_id] = got
+                table.num_tokens = count + num_tokens
+                table.token_ids = None  # the content is unknown from here on: no more keys
+            return placed
+        for seq_id, new_tokens in zip(ids, tokens):
             table = tables[seq_id]
             count = table.num_tokens
-            # Most tables: a last block holding 1..in_tail tokens (so no reserve after it) that no fork shares.
-            if not 0 < count % block_size <= in_tail or seq_id in forked:
-                room = len(table.block_ids) * block_size - count
-                if room < num_tokens or (room and num_tokens and blocks[table.block_ids[-1]].ref_count > 1):
-                    got = self._place(table, room, num_tokens)
-                    if got:  # the last holder of a shared tail writes in place, taking nothing
-                        placed[seq_id] = got
+            if (count - 1) % block_size >= fits or (forked and seq_id in forked):
+                got = self._place(table, num_tokens)
+                if got:
+                    placed[seq_id] = got
             table.num_tokens = count = count + num_tokens
             seen = table.token_ids
-            if seen is None:
-                continue
-            if new_tokens is None:
+            if seen is None or new_tokens is None:
                 table.token_ids = None
             else:
                 seen += new_tokens
-                if count >= (len(table.block_keys) + 1) * block_size:  # a block filled: key it, once
+                if count % block_size < num_tokens:  # a block filled: key it, once
                     start = len(table.block_keys)
                     extend_chain(table.block_keys, seen, block_size, table.extra_key)
                     self._register(table, start)
         return placed
 
-    def _place(self, table: BlockTable, room: int, num_tokens: int) -> Tuple[int, ...]:
-        """The blocks a table with ``room`` free slots takes to grow by ``num_tokens`` (at least 1): a copy of its
-        shared last block with room, then new blocks for the tokens past its capacity."""
+    def _place(self, table: BlockTable, num_tokens: int) -> Tuple[int, ...]:
+        """The blocks a table takes to grow by ``num_tokens``: a copy of its shared last block with room, then new
+        blocks for the tokens past its capacity (none when it holds its last block alone and the tokens fit;
+        the last holder of a shared tail writes in place)."""
         ids = table.block_ids
+        room = len(ids) * self.block_size - table.num_tokens
         got: Tuple[int, ...] = ()
-        if room and self._blocks[ids[-1]].ref_count > 1:
+        if room and num_tokens and self._blocks[ids[-1]].ref_count > 1:
             got = (self._copy_on_write(table, len(ids) - 1)[1],)
         if num_tokens > room:
-            new = self._take((num_tokens - room - 1) // self.block_size + 1)
+            new = self._take(cdiv(num_tokens - room, self.block_size))
             ids += new
             got += tuple(new)
         return got
@@ -857,7 +876,7 @@ class BlockManager:
 
     def _take(self, n: int) -> List[int]:
         """Pop ``n`` blocks off the free queue, each now held once; the cached content they held is evicted."""
-        ids = self._free.pop_many(n)
+        ids = [self._free.popleft()] if n == 1 else self._free.pop_many(n)  # most takes are one block
         for block_id in ids:
             block = self._blocks[block_id]
             block.ref_count = 1

@@ -69,12 +69,6 @@ class PrefixCache(Dict[bytes, int]):
             hits.append(block_id)
         return hits
 
-    def insert(self, key: bytes, block_id: int) -> None:
-        self[key] = block_id
-
-    def remove(self, key: bytes) -> None:
-        del self[key]
-
 
 def as_extra_key(extra_key: Optional[Union[bytes, str]]) -> Optional[bytes]:
     """A salt as bytes (a str is UTF-8 encoded); ``None`` stays ``None``."""
