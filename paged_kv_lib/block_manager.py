@@ -588,8 +588,9 @@ class BlockManager:
         seed's ``(length + 1) % block_size == 0`` asked one token early). A shared, non-full last block is
         copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable.
         """
-        table = self._tables.get(seq_id) if type(seq_id) is int else None
-        if table is None:
+        try:
+            table = self._tables[seq_id] if type(seq_id) is int else self.table(seq_id)
+        except KeyError:
             table = self.table(seq_id)  # raises the typed error
         if type(num_tokens) is not int or num_tokens < 0:
             num_tokens = as_count(num_tokens, "num_tokens")
