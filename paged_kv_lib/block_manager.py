@@ -777,8 +777,8 @@ class BlockManager:
         queue holds that many for every table the step fits; only when it may not does :func:`growth_demand`
         count what it takes exactly. Without token ids the tables' content is unknown from here on: no keys.
         """
-        block_size, blocks, tables, spare = self.block_size, self._blocks, self._tables, self._free._len - reserve
-        if spare < len(ids) * ((num_tokens + block_size - 2) // block_size + 1) and \
+        block_size, blocks, tables, spare = self.block_size, self._blocks, self._tables, len(self._free) - reserve
+        if spare < len(ids) * (cdiv(num_tokens - 1, block_size) + 1) and \
                 spare < growth_demand([tables[s] for s in ids], num_tokens, block_size, blocks):
             return None
         placed: Placed = {}
@@ -809,7 +809,7 @@ class BlockManager:
                 table.token_ids = None
             else:
                 seen += new_tokens
-                if count % block_size < num_tokens:  # a block filled: key it, once
+                if count % block_size < num_tokens:  # the new tokens reached a block's end: key it, once
                     start = len(table.block_keys)
                     extend_chain(table.block_keys, seen, block_size, table.extra_key)
                     self._register(table, start)
