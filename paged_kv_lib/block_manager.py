@@ -38,7 +38,7 @@ TokenIds = Optional[Sequence[int]]
 ExtraKey = Optional[Union[bytes, str]]
 Placed = Dict[int, Tuple[int, ...]]
 NOT_QUEUED = -2
-INT = {int}
+INT = frozenset({int})  # what a plain int id or token id is, for the checks at C speed
 
 
 class FreeBlockQueue:
