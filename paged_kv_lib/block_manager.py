@@ -38,6 +38,7 @@ TokenIds = Optional[Sequence[int]]
 ExtraKey = Optional[Union[bytes, str]]
 Placed = Dict[int, Tuple[int, ...]]
 NOT_QUEUED = -2
+INT = frozenset({int})  # what a plain int id or token id is, for the checks at C speed
 
 
 class FreeBlockQueue:
@@ -87,9 +88,15 @@ class FreeBlockQueue:
 
     def popleft(self) -> int:
         """Remove and return the id at the head."""
-        if self._len == 0:
+        sentinel, prev_of, next_of = self._sentinel, self._prev, self._next
+        block_id = next_of[sentinel]
+        if block_id == sentinel:
             raise EmptyFreeQueueError("pop from an empty free queue")
-        return self.pop_many(1)[0]
+        next_of[sentinel] = after = next_of[block_id]
+        prev_of[after] = sentinel
+        prev_of[block_id] = next_of[block_id] = NOT_QUEUED
+        self._len -= 1
+        return block_id
 
     def pop_many(self, n: int) -> List[int]:
         """Remove and return the ``n`` ids at the head, in order (one call for a whole allocation)."""
@@ -236,9 +243,9 @@ def room_to_grow(table: BlockTable, up_to: int, spare: int, block_size: int, blo
 
 
 def growth_demand(tables: Sequence[BlockTable], num_tokens: int, block_size: int,
-                  blocks: Sequence[Block]) -> Tuple[int, List[int]]:
-    """What growing every table by ``num_tokens`` in one step takes: ``(free blocks, positions of the tables
-    that take any)``. The one home of the growth rule, for the questions and the acts alike.
+                  blocks: Sequence[Block]) -> int:
+    """The free blocks growing every table by ``num_tokens`` in one step takes. The one home of the growth rule,
+    for the questions and the acts alike.
 
     A table takes new blocks for the tokens past its capacity. A last block with room that other tables
     also hold is copied before the write (copy-on-write); a full one is never written again, so it stays
@@ -246,24 +253,17 @@ def growth_demand(tables: Sequence[BlockTable], num_tokens: int, block_size: int
     last holder writes in place.
     """
     needed = 0
-    takers: List[int] = []
     growers: Dict[int, int] = {}  # shared tail with room -> listed tables growing it
-    i = -1
     for table in tables:
-        i += 1
         ids = table.block_ids
         room = len(ids) * block_size - table.num_tokens  # free slots in the blocks it holds
         if room and num_tokens and blocks[ids[-1]].ref_count > 1:
             growers[ids[-1]] = growers.get(ids[-1], 0) + 1
-            takers.append(i)
-            if num_tokens > room:
-                needed += cdiv(num_tokens - room, block_size)
-        elif num_tokens > room:
+        if num_tokens > room:
             needed += cdiv(num_tokens - room, block_size)
-            takers.append(i)
     for tail, k in growers.items():
         needed += min(k, blocks[tail].ref_count - 1)
-    return needed, takers
+    return needed
 
 
 class PromptPlan(NamedTuple):
@@ -304,6 +304,7 @@ class BlockManager:
         self._swapped: Dict[int, BlockTable] = {}  # swapped-out sequence -> table of CPU block ids
         self._copy_log: Deque[Tuple[int, int]] = deque(maxlen=4096)
         self.num_copies = 0
+        self._forked: Set[int] = set()  # sequences fork gave a shared tail: only they may hold one with room
 
     # ------------------------------------------------------------------ what it holds
     @property
@@ -448,15 +449,15 @@ class BlockManager:
         """Free blocks ``append_tokens(seq_id, num_tokens)`` would take now: new blocks, plus one to copy
         a shared, non-full last block. For this sequence alone (:meth:`can_append` counts shared tails once)."""
         return growth_demand([self.table(seq_id)], as_count(num_tokens, "num_tokens"), self.block_size,
-                             self._blocks)[0]
+                             self._blocks)
 
     def can_append(self, seq_ids: Iterable[int], num_tokens: int = 1, *, watermark: float = 0.0) -> bool:
         """Whether every listed sequence can grow by ``num_tokens`` in the same step, leaving the watermark.
         Unknown, swapped-out or repeated ids raise."""
         num_tokens = as_count(num_tokens, "num_tokens")
         reserve = self.watermark_blocks(watermark)
-        _, tables = self._listed(seq_ids, "can_append")
-        return len(self._free) - growth_demand(tables, num_tokens, self.block_size, self._blocks)[0] >= reserve
+        tables = [self._tables[s] for s in self._listed(seq_ids, "can_append")]
+        return len(self._free) - growth_demand(tables, num_tokens, self.block_size, self._blocks) >= reserve
 
     def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
         """The most tokens, at most ``up_to``, the sequence can grow by now and leave the watermark free
@@ -480,8 +481,7 @@ class BlockManager:
     def can_swap_out(self, seq_ids: Iterable[int]) -> bool:
         """Whether the CPU pool has room for all these resident sequences at once (a private CPU block for
         every block each holds, shared ones too). Unknown, swapped-out or repeated ids raise."""
-        _, tables = self._listed(seq_ids, "can_swap_out")
-        return sum(len(t.block_ids) for t in tables) <= len(self._cpu_free)
+        return sum(len(self._tables[s].block_ids) for s in self._listed(seq_ids, "can_swap_out")) <= len(self._cpu_free)
 
     # ------------------------------------------------------------------ admit a prompt
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None,
@@ -542,6 +542,7 @@ class BlockManager:
         for block_id in parent.block_ids:
             self._blocks[block_id].ref_count += 1
         self._tables[child_seq_id] = parent.copy()
+        self._forked.update((as_seq_id(parent_seq_id), child_seq_id))
 
     def free_sequence(self, seq_id: int) -> None:
         """Release a sequence's blocks (resident or swapped out); an unknown id is a no-op, as in the seed.
@@ -550,6 +551,7 @@ class BlockManager:
         """
         if type(seq_id) is not int:
             seq_id = as_seq_id(seq_id)
+        self._forked.discard(seq_id)
         table = self._tables.pop(seq_id, None)
         if table is not None:
             self._release(table.block_ids)
@@ -567,14 +569,16 @@ class BlockManager:
         is computed once, when it fills). Bad arguments raise typed errors, changing nothing. The result is
         what one ``append_tokens`` per sequence, in the listed order, would do.
         """
-        return self._grow_listed(seq_ids, num_tokens, token_ids, self.watermark_blocks(watermark))[0]
+        reserve = 0 if type(watermark) is float and watermark == 0.0 else self.watermark_blocks(watermark)
+        return self._grow_listed(seq_ids, num_tokens, token_ids, reserve)[0]
 
     def append_tokens_batch(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
                             token_ids: Optional[Sequence[TokenIds]] = None) -> Placed:
         """:meth:`allocate_slots` that raises :class:`OutOfBlocksError` (changing nothing) when they do not fit."""
-        placed, needed, count = self._grow_listed(seq_ids, num_tokens, token_ids, 0)
+        placed, ids = self._grow_listed(seq_ids, num_tokens, token_ids, 0)
         if placed is None:
-            raise OutOfBlocksError(needed, len(self._free), f"grow {count} sequences by {num_tokens}")
+            needed = growth_demand([self._tables[s] for s in ids], num_tokens, self.block_size, self._blocks)
+            raise OutOfBlocksError(needed, len(self._free), f"grow {len(ids)} sequences by {num_tokens}")
         return placed
 
     def append_tokens(self, seq_id: int, num_tokens: int = 1, *, token_ids: TokenIds = None) -> Tuple[int, ...]:
@@ -584,21 +588,31 @@ class BlockManager:
         seed's ``(length + 1) % block_size == 0`` asked one token early). A shared, non-full last block is
         copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable.
         """
-        table = self._tables.get(seq_id) if type(seq_id) is int else None
-        if table is None:
+        try:
+            table = self._tables[seq_id] if type(seq_id) is int else self.table(seq_id)
+        except KeyError:
             table = self.table(seq_id)  # raises the typed error
-        elif token_ids is None and table.token_ids is None and type(num_tokens) is int and num_tokens >= 0:
-            ids = table.block_ids  # most calls: the tokens fit in a last block the sequence holds alone
-            room = len(ids) * self.block_size - table.num_tokens
-            if num_tokens <= room and (not num_tokens or self._blocks[ids[-1]].ref_count == 1):
-                table.num_tokens += num_tokens
+        if type(num_tokens) is not int or num_tokens < 0:
+            num_tokens = as_count(num_tokens, "num_tokens")
+        if token_ids is None and table.token_ids is None and seq_id not in self._forked:
+            # Most calls: no content to key and no fork sharing the last block (see _grow), so the sequence takes
+            # new blocks for the tokens past the capacity of those it holds, and nothing else.
+            count = table.num_tokens + num_tokens
+            if count <= len(table.block_ids) * self.block_size:
+                table.num_tokens = count
                 return ()
-        num_tokens = as_count(num_tokens, "num_tokens")
-        tokens: Optional[List[Optional[List[int]]]] = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
-        placed, needed = self._grow([seq_id], [table], num_tokens, tokens, 0)
+            short = cdiv(count, self.block_size) - len(table.block_ids)
+            if short > len(self._free):
+                raise OutOfBlocksError(short, len(self._free), f"grow sequence {seq_id} to {count} tokens")
+            new = self._take(short)
+            table.block_ids += new
+            table.num_tokens = count
+            return tuple(new)
+        tokens: Optional[List[TokenIds]] = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
+        placed = self._grow((seq_id,), num_tokens, tokens, 0)
         if placed is None:
-            raise OutOfBlocksError(needed, len(self._free), f"grow sequence {seq_id} to "
-                                   f"{table.num_tokens + num_tokens} tokens")
+            raise OutOfBlocksError(self.blocks_to_append(seq_id, num_tokens), len(self._free),
+                                   f"grow sequence {seq_id} to {table.num_tokens + num_tokens} tokens")
         return placed.get(seq_id, ())
 
     def append_block_to_sequence(self, seq_id: int) -> int:
@@ -689,7 +703,8 @@ class BlockManager:
         the number of resident tables holding it; it carries a hash exactly when the prefix cache maps
         that hash to it, and a held block with a hash is full in every table; a table holds
         ``ceil(tokens / block_size)`` blocks, or one more (an empty reserve after a full last block),
-        and token ids and keys that match its count; each CPU block is free or held by one swapped table.
+        and token ids and keys that match its count; a last block with room that other tables hold belongs to a
+        forked sequence; each CPU block is free or held by one swapped table.
         """
         try:
             self._free.check()
@@ -722,6 +737,10 @@ class BlockManager:
                 raise InvariantError(f"block {block.block_id} has a hash the prefix cache does not map to it")
             if block.block_hash is not None and block.ref_count and not full_in_all[block.block_id]:
                 raise InvariantError(f"block {block.block_id} carries a hash but is not full")
+        for seq_id, t in self._tables.items():  # growth asks forked sequences alone about copy-on-write
+            shared_tail = t.num_tokens < len(t) * self.block_size and self._blocks[t.block_ids[-1]].ref_count > 1
+            if shared_tail and seq_id not in self._forked:
+                raise InvariantError(f"sequence {seq_id} shares its last block with room but never forked")
         for key, block_id in self._prefix.items():
             if self._blocks[block_id].block_hash != key:
                 raise InvariantError(f"prefix cache maps a key to block {block_id}, which has another hash")
@@ -735,100 +754,110 @@ class BlockManager:
 
     # ------------------------------------------------------------------ internals
     def _grow_listed(self, seq_ids: Iterable[int], num_tokens: int, token_ids: Optional[Sequence[TokenIds]],
-                     reserve: int) -> Tuple[Optional[Placed], int, int]:
-        """Check a growth call's arguments (ids, count, token ids), then :meth:`_grow` them."""
+                     reserve: int) -> Tuple[Optional[Placed], Sequence[int]]:
+        """Check a growth call's arguments (ids, count, token ids), then :meth:`_grow` them; returns the ids too."""
         if type(num_tokens) is not int or num_tokens < 0:
             num_tokens = as_count(num_tokens, "num_tokens")
-        ids, tables = self._listed(seq_ids, "allocate_slots")
-        tokens: Optional[List[Optional[List[int]]]] = None
+        ids = self._listed(seq_ids, "allocate_slots")
+        tokens = None
         if token_ids is not None:
             if len(token_ids) != len(ids):
                 raise InvalidArgumentError(f"token_ids has {len(token_ids)} entries for {len(ids)} sequences")
             tokens = self._token_rows(token_ids, num_tokens)
-        placed, needed = self._grow(ids, tables, num_tokens, tokens, reserve)
-        return placed, needed, len(ids)
+        return self._grow(ids, num_tokens, tokens, reserve), ids
 
-    def _grow(self, ids: Sequence[int], tables: List[BlockTable], num_tokens: int,
-              tokens: Optional[List[Optional[List[int]]]], reserve: int) -> Tuple[Optional[Placed], int]:
-        """Grow checked tables in listed order if :func:`growth_demand` leaves ``reserve`` blocks free: copy a
-        shared last block, take new blocks, count the tokens, key the blocks that fill. Returns the blocks
-        placed (``None`` when refused: nothing changed) and the blocks the growth takes."""
-        block_size = self.block_size
-        needed, takers = growth_demand(tables, num_tokens, block_size, self._blocks)
-        if len(self._free) - needed < reserve:
-            return None, needed
+    def _grow(self, ids: Sequence[int], num_tokens: int, tokens: Optional[List[TokenIds]],
+              reserve: int) -> Optional[Placed]:
+        """Grow the tables of checked ids in listed order, if what that takes leaves ``reserve`` blocks free: copy a
+        shared last block, take new blocks, count the tokens, key the blocks that fill. Returns the blocks placed,
+        or ``None`` (nothing changed) when refused.
+
+        One pass, decided before it changes anything: a table takes at most ``cdiv(num_tokens - 1, block_size)
+        + 1`` blocks (new ones past its capacity, after a copy of a shared tail with room), so while the free
+        queue holds that many for every table the step fits; only when it may not does :func:`growth_demand`
+        count what it takes exactly. Without token ids the tables' content is unknown from here on: no keys.
+        """
+        block_size, blocks, tables, spare = self.block_size, self._blocks, self._tables, len(self._free) - reserve
+        if spare < len(ids) * (cdiv(num_tokens - 1, block_size) + 1) and \
+                spare < growth_demand([tables[s] for s in ids], num_tokens, block_size, blocks):
+            return None
         placed: Placed = {}
-        if tokens is None:  # no content to key: the blocks first, then the counts
-            for i in takers:
-                got = self._place(tables[i], num_tokens)
-                if got:  # the last holder of a shared tail writes in place, taking nothing
-                    placed[ids[i]] = got
-            for table in tables:
-                table.num_tokens += num_tokens
-                if table.token_ids is not None:
-                    table.token_ids = None  # the content is unknown from here on: no more keys
-            return placed, needed
-        waiting = iter(takers)
-        taker = next(waiting, -1)
-        for i in range(len(tables)):  # in listed order, as one append_tokens per sequence would
-            table = tables[i]
-            if i == taker:
+        forked, fits = self._forked, block_size - num_tokens
+        # Most tables hold 1..fits tokens in a last block (so no reserve follows it) that no fork shares: the new
+        # tokens fit there, a count update. Only the others are asked what they take (_place), in listed order.
+        if tokens is None:
+            for seq_id in ids:
+                table = tables[seq_id]
+                count = table.num_tokens
+                if (count - 1) % block_size >= fits or (forked and seq_id in forked):
+                    got = self._place(table, num_tokens)
+                    if got:
+                        placed[seq_id] = got
+                table.num_tokens = count + num_tokens
+                table.token_ids = None  # the content is unknown from here on: no more keys
+            return placed
+        for seq_id, new_tokens in zip(ids, tokens):
+            table = tables[seq_id]
+            count = table.num_tokens
+            if (count - 1) % block_size >= fits or (forked and seq_id in forked):
                 got = self._place(table, num_tokens)
                 if got:
-                    placed[ids[i]] = got
-                taker = next(waiting, -1)
-            table.num_tokens += num_tokens
-            seen, new_tokens = table.token_ids, tokens[i]
+                    placed[seq_id] = got
+            table.num_tokens = count = count + num_tokens
+            seen = table.token_ids
             if seen is None or new_tokens is None:
                 table.token_ids = None
             else:
                 seen += new_tokens
-                if table.num_tokens >= (len(table.block_keys) + 1) * block_size:  # a block filled: key it, once
+                if count % block_size < num_tokens:  # the new tokens reached a block's end: key it, once
                     start = len(table.block_keys)
                     extend_chain(table.block_keys, seen, block_size, table.extra_key)
                     self._register(table, start)
-        return placed, needed
+        return placed
 
     def _place(self, table: BlockTable, num_tokens: int) -> Tuple[int, ...]:
-        """The blocks a growing table takes (the demand counted them): a copy of its shared last block with
-        room, then new blocks for the tokens past its capacity."""
-        got = []
+        """The blocks a table takes to grow by ``num_tokens``: a copy of its shared last block with room, then new
+        blocks for the tokens past its capacity (none when it holds its last block alone and the tokens fit;
+        the last holder of a shared tail writes in place)."""
         ids = table.block_ids
-        if table.num_tokens < len(ids) * self.block_size and self._blocks[ids[-1]].ref_count > 1:
-            got.append(self._copy_on_write(table, len(ids) - 1)[1])
-        short = cdiv(table.num_tokens + num_tokens, self.block_size) - len(ids)
-        if short > 0:
-            new = self._take(short)
+        room = len(ids) * self.block_size - table.num_tokens
+        got: Tuple[int, ...] = ()
+        if room and num_tokens and self._blocks[ids[-1]].ref_count > 1:
+            got = (self._copy_on_write(table, len(ids) - 1)[1],)
+        if num_tokens > room:
+            new = self._take(cdiv(num_tokens - room, self.block_size))
             ids += new
-            got += new
-        return tuple(got)
+            got += tuple(new)
+        return got
 
-    def _token_rows(self, token_ids: Sequence[TokenIds], num_tokens: int) -> List[Optional[List[int]]]:
-        """Each sequence's new token ids, checked (``num_tokens`` ints in 64 bits each, or ``None``); one pass at
-        C speed for the common case of lists of ints, ``None`` for all when prefix caching is off."""
+    def _token_rows(self, token_ids: Sequence[TokenIds], num_tokens: int) -> Optional[List[TokenIds]]:
+        """Each sequence's new token ids, checked (``num_tokens`` ints in 64 bits each, or ``None``), or ``None``
+        for all when prefix caching is off. Rows of plain ints are checked in a few passes at C speed."""
         rows: List[Any] = token_ids if type(token_ids) is list else list(token_ids)
         try:
-            if set(map(type, rows)) == {list} and set(map(len, rows)) == {num_tokens}:
+            if set(map(len, rows)) <= {num_tokens}:
                 flat = list(chain.from_iterable(rows))
-                array("q", flat)  # every one an int in 64 bits, at C speed
-                if bool not in map(type, flat):
-                    return rows if self.enable_prefix_caching else [None] * len(rows)
+                if set(map(type, flat)) <= INT:  # no bools, no tensors
+                    array("q", flat)  # every one in 64 bits
+                    return rows if self.enable_prefix_caching else None
         except (TypeError, OverflowError):
             pass
         rows = [None if t is None else as_token_ids(t, num_tokens) for t in rows]  # raises the typed error
-        return rows if self.enable_prefix_caching else [None] * len(rows)
+        return rows if self.enable_prefix_caching else None
 
-    def _listed(self, seq_ids: Iterable[int], call: str) -> Tuple[Sequence[int], List[BlockTable]]:
-        """A call's sequence ids and their live tables, checked: ints, distinct, resident (typed errors)."""
+    def _listed(self, seq_ids: Iterable[int], call: str) -> Sequence[int]:
+        """A call's sequence ids, checked: ints, distinct, resident (typed errors)."""
         ids: Any = seq_ids if type(seq_ids) in (list, tuple) else tuple(as_iterable(seq_ids, "seq_ids"))
-        try:
-            if len(set(ids)) == len(ids) and set(map(type, ids)) <= {int}:
-                return ids, list(map(self._tables.__getitem__, ids))
-        except (KeyError, TypeError):
+        try:  # the ids that are resident tables' keys, counted once each: all of them when all are good
+            if len(self._tables.keys() & ids) == len(ids) and set(map(type, ids)) <= INT:
+                return ids
+        except TypeError:
             pass
         seen = set()
         for seq_id in ids:
             self.table(seq_id)
+            if type(seq_id) is not int:
+                raise InvalidTypeError(f"seq_id must be an int, got {type(seq_id).__name__} {seq_id!r}")
             if seq_id in seen:
                 raise InvalidArgumentError(f"sequence {seq_id} is listed twice in {call}")
             seen.add(seq_id)
@@ -848,12 +877,12 @@ class BlockManager:
 
     def _take(self, n: int) -> List[int]:
         """Pop ``n`` blocks off the free queue, each now held once; the cached content they held is evicted."""
-        ids = self._free.pop_many(n)
+        ids = [self._free.popleft()] if n == 1 else self._free.pop_many(n)  # most takes are one block
         for block_id in ids:
             block = self._blocks[block_id]
             block.ref_count = 1
             if block.block_hash is not None:
-                self._prefix.remove(block.block_hash)
+                del self._prefix[block.block_hash]
                 block.block_hash = None
         return ids
 
@@ -876,7 +905,7 @@ class BlockManager:
             block = self._blocks[block_id]
             if block.block_hash is None and key not in self._prefix:
                 block.block_hash = key
-                self._prefix.insert(key, block_id)
+                self._prefix[key] = block_id
 
     def _copy_on_write(self, table: BlockTable, index: int) -> Tuple[int, int]:
         """Give the table a private copy of its shared block at logical ``index``; returns ``(src, dst)``. If

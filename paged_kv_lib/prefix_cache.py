@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Dict, ItemsView, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from .errors import InvalidTypeError
 
@@ -21,15 +21,12 @@ ROOT_KEY = bytes(32)
 
 def block_key(parent_key: Optional[bytes], token_ids: Sequence[int], extra_key: Optional[bytes] = None) -> bytes:
     """The key of a full block holding ``token_ids`` after the block whose key is ``parent_key``."""
-    digest = hashlib.sha256(parent_key or ROOT_KEY)
     # The salt is always length-prefixed, 0 for none: otherwise "no salt" would read as any salt
     # whose length is a multiple of 8 (its length and bytes parsed as token ids), and a prompt could
     # be made to hit another tenant's blocks.
     salt = extra_key or b""
-    digest.update(len(salt).to_bytes(8, "little"))
-    digest.update(salt)
-    digest.update(array("q", token_ids).tobytes())
-    return digest.digest()
+    tokens = array("q", token_ids).tobytes()
+    return hashlib.sha256(b"".join((parent_key or ROOT_KEY, len(salt).to_bytes(8, "little"), salt, tokens))).digest()
 
 
 def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes] = None) -> List[bytes]:
@@ -47,50 +44,30 @@ def extend_chain(keys: List[bytes], token_ids: Sequence[int], block_size: int, e
         keys.append(parent)
 
 
-class PrefixCache:
-    """Which physical block holds the content with a given key, and how often lookups hit.
+class PrefixCache(Dict[bytes, int]):
+    """Which physical block holds the content with a given key (a dict: key -> block id), and how often
+    lookups hit.
 
-    Only the allocator calls the mutating methods; it keeps ``Block.block_hash`` and this
-    table in step (a block has a hash exactly when the table maps that hash to it).
+    Only the allocator changes it; it keeps ``Block.block_hash`` and this map in step (a block has a
+    hash exactly when the map sends that hash to it).
     """
 
-    __slots__ = ("_by_key", "queries", "hits")
+    __slots__ = ("queries", "hits")
 
     def __init__(self) -> None:
-        self._by_key: Dict[bytes, int] = {}
+        super().__init__()
         self.queries = 0
         self.hits = 0
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._by_key
-
-    def get(self, key: bytes) -> Optional[int]:
-        return self._by_key.get(key)
 
     def longest_prefix(self, keys: Sequence[bytes]) -> List[int]:
         """Block ids of the longest run of leading ``keys`` found in the cache, in order."""
         hits = []
         for key in keys:
-            block_id = self._by_key.get(key)
+            block_id = self.get(key)
             if block_id is None:
                 break
             hits.append(block_id)
         return hits
-
-    def insert(self, key: bytes, block_id: int) -> None:
-        self._by_key[key] = block_id
-
-    def remove(self, key: bytes) -> None:
-        del self._by_key[key]
-
-    def items(self) -> ItemsView[bytes, int]:
-        return self._by_key.items()
-
-    def clear(self) -> None:
-        self._by_key.clear()
 
 
 def as_extra_key(extra_key: Optional[Union[bytes, str]]) -> Optional[bytes]:

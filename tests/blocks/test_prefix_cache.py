@@ -40,12 +40,12 @@ def test_the_map_and_its_longest_prefix():
     cache = PrefixCache()
     keys = chain_keys(list(range(8)), 2)
     assert len(cache) == 0 and cache.longest_prefix(keys) == []
-    cache.insert(keys[0], 5)
-    cache.insert(keys[1], 2)
-    cache.insert(keys[3], 7)  # not reachable: keys[2] is missing
+    cache[keys[0]] = 5
+    cache[keys[1]] = 2
+    cache[keys[3]] = 7  # not reachable: keys[2] is missing
     assert len(cache) == 3 and keys[1] in cache and cache.get(keys[3]) == 7 and cache.get(keys[2]) is None
     assert cache.longest_prefix(keys) == [5, 2]
-    cache.remove(keys[0])
+    del cache[keys[0]]
     assert cache.longest_prefix(keys) == [] and dict(cache.items()) == {keys[1]: 2, keys[3]: 7}
     cache.clear()
     assert len(cache) == 0 and (cache.queries, cache.hits) == (0, 0)
@@ -57,10 +57,10 @@ def test_longest_prefix_matches_a_model(ops):
     cache, model = PrefixCache(), {}
     for i, insert in ops:
         if insert:
-            cache.insert(keys[i], i + 10)
+            cache[keys[i]] = i + 10
             model[keys[i]] = i + 10
         elif keys[i] in model:
-            cache.remove(keys[i])
+            del cache[keys[i]]
             del model[keys[i]]
     expected = []
     for k in keys:

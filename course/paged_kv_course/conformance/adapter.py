@@ -210,7 +210,7 @@ class LearnerBackedAllocator:
         fit leaving the watermark; ``None`` (nothing asked of the learner) when they do not."""
         ids = self._distinct(seq_ids, "allocate_slots")
         num_tokens = as_count(num_tokens, "num_tokens")
-        needed, _ = growth_demand([self._resident(s) for s in ids], num_tokens, self.block_size, self._blocks)
+        needed = growth_demand([self._resident(s) for s in ids], num_tokens, self.block_size, self._blocks)
         if self.num_free_blocks - needed < watermark_blocks(watermark, self.num_blocks):
             return None
         placed = {}
