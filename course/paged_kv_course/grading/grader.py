@@ -335,8 +335,11 @@ def grade_notebook(
             result.passed, result.failure, result.detail = False, lines[result.task], ""
             for check in result.checks:
                 check.passed = False
-    report.notes.extend(line for t in tasks.values() if (line := built_on(
-        t.task, spliced.cells[t.solution_cell].get("source", ""), pristine_nb.cells[t.solution_cell].get("source", ""))))
+    for t in tasks.values():
+        base = built_on(t.task, spliced.cells[t.solution_cell].get("source", ""),
+                        pristine_nb.cells[t.solution_cell].get("source", ""))
+        if base:
+            report.notes.append(base)
     other = [
         f"cell {n} (not a task) failed: {entry.get('line', '')}"
         for n, entry in sorted(results.items()) if n not in roles and entry.get("outcome") == "failed"
