@@ -54,3 +54,19 @@ def test_the_kernel_sees_no_capability_no_root_no_checkout_and_no_learner_name(t
     assert info["home"] == sandbox.INSIDE_HOME
     assert "alice_smith" not in info["mounts"] and str(checkout / ".git") not in info["mounts"]
     assert "limits" in result and "memory" in result["limits"]
+
+
+def test_another_copy_of_the_course_on_the_path_is_never_bound(tmp_path, monkeypatch):
+    """An editable install's .pth puts a checkout's root on sys.path; where the library is imported from
+    somewhere else (a copy, as the unprivileged-user test does), that root is not the checkout the view
+    leaves out, and binding it would show the kernel .git, tests/ and the solutions."""
+    other = tmp_path / "other-checkout"
+    (other / "paged_kv_lib").mkdir(parents=True)
+    (other / "exercises" / "solutions").mkdir(parents=True)
+    plain = tmp_path / "checks"
+    plain.mkdir()
+    monkeypatch.syspath_prepend(str(other))
+    monkeypatch.syspath_prepend(str(plain))
+    paths = sandbox.python_paths()
+    assert not any(p == other or other in p.parents for p in paths), paths
+    assert plain in paths, "a plain folder on the path (the course's checks) is still bound"

@@ -141,6 +141,8 @@ def python_paths() -> List[Path]:
             continue
         if _covers(checkout, path) and not any(_covers(p, path) for p in prefixes):
             continue  # the checkout's own folders (tests/, exercises/...) stay out
+        if any((path / name).exists() for name in (".git", "paged_kv_lib", "paged_kv_course")):
+            continue  # another copy of the course (an editable install's .pth names its root): staged apart
         found.append(path)
     out: List[Path] = []
     for path in sorted(set(found), key=lambda p: len(p.parts)):
