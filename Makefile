@@ -17,6 +17,8 @@ LAB_ARGS ?=
 # Parallel test workers (pytest-xdist); each notebook stays on one worker.
 JOBS ?= 2
 XDIST := -n $(JOBS) --dist loadfile
+# The course's tests are few and long (a grading run each): spread one by one, whatever file they sit in.
+COURSE_XDIST := -n $(JOBS) --dist worksteal
 
 .PHONY: install install-lab torch lab lint test test-course test-fast test-notebooks test-browser exercises bench gpu-check clean
 
@@ -67,7 +69,7 @@ test: lint
 
 ## The course's checks, planted solutions, grader and platforms, then every notebook through nbval.
 test-course: install
-	$(PY) -m pytest $(XDIST) $(COURSE_TESTS)
+	$(PY) -m pytest $(COURSE_XDIST) $(COURSE_TESTS)
 	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)
 
 ## While working on the library: its tests without the slow ones (listed in tests/conftest.py), under a minute.

@@ -1,4 +1,4 @@
-"""Shared test setup: Triton's CPU interpreter unless a GPU is present, and hypothesis profiles."""
+"""Shared test setup: one torch thread, Triton's CPU interpreter unless a GPU is present, hypothesis profiles."""
 
 import os
 import sys
@@ -9,10 +9,15 @@ import sys
 # plugin has imported it before this file runs; `make test-fast` passes -p no:nbval.)
 sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
+# Tests run tiny tensors, two workers on few cores: one torch thread each, in this process and in the
+# kernels and graders it starts (threads that spin on a busy machine made the grader's checks 3x slower).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Must happen before anything imports triton (the interpreter is chosen at import time).
 try:
     import torch
 
+    torch.set_num_threads(1)
     _has_cuda = torch.cuda.is_available()
 except ImportError:  # pragma: no cover - torch is a hard dependency
     _has_cuda = False
@@ -31,15 +36,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny matrices run faster on one torch thread, much faster on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------- slow tests

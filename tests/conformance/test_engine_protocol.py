@@ -24,7 +24,6 @@ from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no
 
 from tests.conformance.test_learner_adapter import BookkeepingAllocator
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def public_names(*protocols: type) -> Set[str]:

@@ -19,7 +19,6 @@ from paged_kv_course.conformance import engine_for
 from paged_kv_course.conformance import AllocatorContractError, LearnerBackedAllocator
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = ["A block table maps", "copy on write", "the free queue hands out blocks", "ab"]
 MAX_NEW = 8

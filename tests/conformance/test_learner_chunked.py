@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-import pytest
 
 from paged_kv_course.conformance import engine_for
 from tests.engine.test_engine_chunked import PROMPTS, drive, model, reference  # noqa: F401, F811 - fixtures
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_learner_allocator_grows_chunk_by_chunk(model, reference) -> None:  # noqa: F811 - fixtures

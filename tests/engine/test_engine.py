@@ -18,7 +18,6 @@ PROMPTS = [BASE + "the free queue", BASE + "a slot", "copy on write", BASE]
 MAX_NEW = 10
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

@@ -10,7 +10,6 @@ from paged_kv_lib.errors import PagedKVError
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

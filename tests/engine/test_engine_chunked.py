@@ -18,7 +18,6 @@ from paged_kv_lib.engine import Engine, StepStats
 from paged_kv_lib.errors import PagedKVError
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 BASE = "A block table maps each sequence to its blocks; "
 PROMPTS = [BASE + "the free queue", "copy on write", BASE + "a slot", "ab", BASE]

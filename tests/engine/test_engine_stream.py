@@ -11,7 +11,6 @@ from paged_kv_lib.engine import Engine, TokenEvent
 from paged_kv_lib.errors import PagedKVError
 from paged_kv_lib.model import ModelConfig, TinyTransformer
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = ["A block table maps each sequence", "copy on write", "the free queue hands out blocks"]
 MAX_NEW = 6

@@ -19,7 +19,6 @@ from paged_kv_lib.model import ModelConfig, TinyTransformer
 
 from helpers import assert_same_state, snapshot
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

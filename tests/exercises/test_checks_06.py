@@ -26,7 +26,6 @@ from paged_kv_course.grading.notebook_tasks import cell_meta, read_notebook
 from check_helpers import fails, not_implemented, passes
 from planted_harness import ROOT, is_delegation, planted_files, run_planted
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 NOTEBOOK = "06_sharing.ipynb"
 
 

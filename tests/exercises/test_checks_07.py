@@ -16,7 +16,6 @@ from paged_kv_course.grading.checks_07 import (check_plan_admission, check_choos
 from paged_kv_course.grading import checks_07
 from paged_kv_course.grading.delegation import forbidden_modules
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize(

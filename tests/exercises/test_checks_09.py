@@ -27,7 +27,7 @@ from paged_kv_course.grading import _checks_09_kernel as kernel_check
 from paged_kv_course.grading._common import TaskNotWrittenError
 from paged_kv_course.grading.delegation import forbidden_modules, is_forbidden
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "exercises" / "solutions" / "09_paged_attention.ipynb"

@@ -29,7 +29,6 @@ from paged_kv_course.grading.notebook_tasks import cell_meta, read_notebook  # n
 from paged_kv_course.triton_skeleton import paged_decode  # noqa: E402
 from paged_kv_lib.errors import DuplicateSequenceError, OutOfBlocksError, UnknownSequenceError  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED = Path(__file__).parent / "planted" / "10"

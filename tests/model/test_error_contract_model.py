@@ -28,7 +28,6 @@ from paged_kv_lib.model import (
 
 from helpers import assert_same_state, snapshot
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

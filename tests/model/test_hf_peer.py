@@ -11,7 +11,6 @@ from paged_kv_lib.engine import Engine  # noqa: E402
 from paged_kv_lib.model import ModelConfig, TinyTransformer, encode, generate_no_cache, load_tiny_model  # noqa: E402
 from paged_kv_lib.model.hf_peer import hf_state_dict, to_hf_llama  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = [
     encode("The allocator hands out blocks"),

@@ -24,7 +24,6 @@ from paged_kv_lib.model import (
 PROMPT = encode("pages of keys and values")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

@@ -45,7 +45,9 @@ def run_judge(
     job = {"cells": cells, "timeout": timeout, "workdir": str(workdir), "mode": resolved,
            "hidden": [str(h) for h in hidden]}
     budget = timeout + 30
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    # The checks run tiny tensors: one torch thread (threads that spin on a busy machine made exercise 06's
+    # checks 3x slower, docs/benchmarks.md).
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
     if env.get("PYTHONPATH"):  # the kernel runs in workdir: relative entries would point elsewhere
         env["PYTHONPATH"] = os.pathsep.join(
             str(Path(entry).resolve()) for entry in env["PYTHONPATH"].split(os.pathsep) if entry

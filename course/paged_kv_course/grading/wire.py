@@ -99,34 +99,34 @@ _VALUE = {"anyOf": [
         **{tag: {"type": "array", "items": {"$ref": "#/$defs/value"}} for tag in ("t", "s", "fs")},
         "d": {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2,
                                          "items": {"$ref": "#/$defs/value"}}},
-        "q": {"type": "array", "prefixItems": [{"type": "array", "items": {"$ref": "#/$defs/value"}},
+        "q": {"type": "array", "items": [{"type": "array", "items": {"$ref": "#/$defs/value"}},
                                                {"type": ["integer", "null"], "minimum": 0}],
               "minItems": 2, "maxItems": 2},
         "b": {"type": "integer", "minimum": 0}, "r": {"type": "integer", "minimum": 0},
         "j": {"type": "integer", "minimum": 0},
-        "T": {"type": "array", "prefixItems": [{"type": "string", "pattern": "^[a-z0-9_]{1,24}$"},
+        "T": {"type": "array", "items": [{"type": "string", "pattern": "^[a-z0-9_]{1,24}$"},
                                                {"type": "array", "maxItems": 64,
                                                 "items": {"type": "integer", "minimum": 0}},
                                                {"type": "integer", "minimum": 0}],
               "minItems": 3, "maxItems": 3},
         "dt": {"type": "string", "pattern": "^[a-z0-9_]{1,24}$"},
         "z": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        "h": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1},
+        "h": {"type": "array", "items": [{"type": "integer", "minimum": 1},
                                                {"type": "string", "maxLength": 200}],
               "minItems": 2, "maxItems": 2},
         "a": {"$ref": "#/$defs/attrs"},
     }},
 ]}
-_ATTRS = {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [
+_ATTRS = {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": [
     {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,99}$"}, {"$ref": "#/$defs/value"}]}}
-_CHANGED = {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [
+_CHANGED = {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": [
     {"type": ["integer", "string"]}, {"$ref": "#/$defs/value"}]}}
 _CALLBACK = {"type": "object", "required": ["op", "target"], "additionalProperties": False, "properties": {
     "op": {"enum": ["call", "getattr", "builtin"]}, "target": {"type": "integer", "minimum": 0},
     "name": {"type": "string", "maxLength": 100}, "args": {"type": "array", "items": {"$ref": "#/$defs/value"}},
     "kwargs": {"$ref": "#/$defs/attrs"}}}
 REPLY_SCHEMA: Dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$schema": "http://json-schema.org/draft-07/schema#",
     "$defs": {"value": _VALUE, "attrs": _ATTRS},
     "oneOf": [
         {"type": "object", "required": ["ok"], "additionalProperties": False,
@@ -143,19 +143,30 @@ REPLY_SCHEMA: Dict[str, Any] = {
 
 
 def check_reply(document: Any) -> None:
-    """Validate a kernel message against :data:`REPLY_SCHEMA` (jsonschema); :class:`WireError` if not."""
+    """Validate a kernel message against :data:`REPLY_SCHEMA`; :class:`WireError` if not. The verdict comes
+    from fastjsonschema's compiled validator (a judge checks thousands of replies per submission: 7x faster
+    than jsonschema's, measured in docs/benchmarks.md); jsonschema only words a refusal (where it failed)."""
+    import fastjsonschema
+
+    validate = _VALIDATOR.get("fast")
+    if validate is None:
+        validate = _VALIDATOR["fast"] = fastjsonschema.compile(REPLY_SCHEMA)
+    try:
+        validate(document)
+        return
+    except RecursionError:
+        raise WireError(f"a message nested deeper than {MAX_DEPTH}") from None
+    except fastjsonschema.JsonSchemaException:
+        pass
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # an IRI parser built at import (1.3 s)
     import jsonschema
 
-    validator = _VALIDATOR.get("v")
-    if validator is None:
-        validator = _VALIDATOR["v"] = jsonschema.Draft202012Validator(REPLY_SCHEMA)
     try:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+        error = jsonschema.exceptions.best_match(jsonschema.Draft7Validator(REPLY_SCHEMA).iter_errors(document))
     except RecursionError:
         raise WireError(f"a message nested deeper than {MAX_DEPTH}") from None
-    if error is not None:
-        raise WireError(f"a message outside the wire's schema (at {'/'.join(map(str, error.absolute_path))[:80]})")
+    where = "/".join(map(str, error.absolute_path))[:80] if error is not None else ""
+    raise WireError(f"a message outside the wire's schema (at {where})")
 
 
 _VALIDATOR: Dict[str, Any] = {}
