@@ -581,12 +581,13 @@ class BlockManager:
             raise OutOfBlocksError(needed, len(self._free), f"grow {len(ids)} sequences by {num_tokens}")
         return placed
 
-    def append_tokens(self, seq_id: int, num_tokens: int = 1, *, token_ids: TokenIds = None) -> Tuple[int, ...]:
+    def append_tokens(self, seq_id: int, num_tokens: int = 1, token_ids: TokenIds = None) -> Tuple[int, ...]:
         """Grow a sequence by ``num_tokens``, adding exactly the blocks it now needs; returns the block ids placed.
 
         A new block is needed when the first new token's position is a multiple of ``block_size`` (the
         seed's ``(length + 1) % block_size == 0`` asked one token early). A shared, non-full last block is
-        copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable.
+        copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable; it is
+        not keyword-only because CPython calls a function that has keyword-only parameters more slowly.
         """
         try:
             table = self._tables[seq_id] if type(seq_id) is int else self.table(seq_id)
@@ -784,7 +785,8 @@ class BlockManager:
         placed: Placed = {}
         forked, fits = self._forked, block_size - num_tokens
         # Most tables hold 1..fits tokens in a last block (so no reserve follows it) that no fork shares: the new
-        # tokens fit there, a count update. Only the others are asked what they take (_place), in listed order.
+        # tokens fit there, a count update. Only the others are asked what they take (_place), in listed order;
+        # with token ids, a table whose new tokens fill a block keys it (_add_tokens), once.
         if tokens is None:
             for seq_id in ids:
                 table = tables[seq_id]
@@ -796,7 +798,7 @@ class BlockManager:
                 table.num_tokens = count + num_tokens
                 table.token_ids = None  # the content is unknown from here on: no more keys
             return placed
-        for seq_id, new_tokens in zip(ids, tokens):
+        for seq_id, new in zip(ids, tokens):
             table = tables[seq_id]
             count = table.num_tokens
             if (count - 1) % block_size >= fits or (forked and seq_id in forked):
@@ -805,14 +807,11 @@ class BlockManager:
                     placed[seq_id] = got
             table.num_tokens = count = count + num_tokens
             seen = table.token_ids
-            if seen is None or new_tokens is None:
-                table.token_ids = None
-            else:
-                seen += new_tokens
-                if count % block_size < num_tokens:  # the new tokens reached a block's end: key it, once
-                    start = len(table.block_keys)
-                    extend_chain(table.block_keys, seen, block_size, table.extra_key)
-                    self._register(table, start)
+            if seen is not None:
+                if new is None or count % block_size < num_tokens:
+                    self._add_tokens(table, new)
+                else:
+                    seen += new
         return placed
 
     def _place(self, table: BlockTable, num_tokens: int) -> Tuple[int, ...]:
@@ -834,13 +833,13 @@ class BlockManager:
         """Each sequence's new token ids, checked (``num_tokens`` ints in 64 bits each, or ``None``), or ``None``
         for all when prefix caching is off. Rows of plain ints are checked in a few passes at C speed."""
         rows: List[Any] = token_ids if type(token_ids) is list else list(token_ids)
-        try:
-            if set(map(len, rows)) <= {num_tokens}:
-                flat = list(chain.from_iterable(rows))
-                if set(map(type, flat)) <= INT:  # no bools, no tensors
-                    array("q", flat)  # every one in 64 bits
-                    return rows if self.enable_prefix_caching else None
-        except (TypeError, OverflowError):
+        try:  # a decode step's rows of one token are unpacked in one pass; others have their lengths checked
+            flat = [t for (t,) in rows] if num_tokens == 1 else \
+                list(chain.from_iterable(rows)) if set(map(len, rows)) <= {num_tokens} else [None]
+            if set(map(type, flat)) <= INT:  # no bools, no tensors
+                array("q", flat)  # every one in 64 bits
+                return rows if self.enable_prefix_caching else None
+        except (TypeError, ValueError, OverflowError):
             pass
         rows = [None if t is None else as_token_ids(t, num_tokens) for t in rows]  # raises the typed error
         return rows if self.enable_prefix_caching else None
@@ -897,15 +896,29 @@ class BlockManager:
                 released.append(block_id)
         self._free.extend_unchecked(released)
 
+    def _add_tokens(self, table: BlockTable, new: TokenIds) -> None:
+        """Record a table's new tokens (``None``: its content is unknown from here on, no more keys) and make
+        the blocks they filled findable by content, each keyed once."""
+        seen = table.token_ids
+        if seen is None or new is None:
+            table.token_ids = None
+            return
+        seen += new
+        start = len(table.block_keys)
+        if len(seen) >= (start + 1) * self.block_size:
+            extend_chain(table.block_keys, seen, self.block_size, table.extra_key)
+            self._register(table, start)
+
     def _register(self, table: BlockTable, start: int) -> None:
         """Make the table's full blocks from logical index ``start`` on findable by content."""
         if table.token_ids is None:
             return
-        for key, block_id in zip(table.block_keys[start:], table.block_ids[start:]):
-            block = self._blocks[block_id]
-            if block.block_hash is None and key not in self._prefix:
-                block.block_hash = key
-                self._prefix[key] = block_id
+        keys, ids, blocks, prefix = table.block_keys, table.block_ids, self._blocks, self._prefix
+        for i in range(start, len(keys)):
+            block = blocks[ids[i]]
+            if block.block_hash is None and keys[i] not in prefix:
+                block.block_hash = keys[i]
+                prefix[keys[i]] = ids[i]
 
     def _copy_on_write(self, table: BlockTable, index: int) -> Tuple[int, int]:
         """Give the table a private copy of its shared block at logical ``index``; returns ``(src, dst)``. If
