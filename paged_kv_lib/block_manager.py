@@ -415,10 +415,6 @@ class BlockManager:
         watermark added: the pool serves them only if this is at most ``num_blocks``."""
         return blocks_to_hold(num_tokens, num_seqs, self.block_size, self.num_blocks, watermark)
 
-    def can_ever_fit(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> bool:
-        """Whether ``num_seqs`` sequences of up to ``num_tokens`` tokens fit the empty pool, leaving the watermark."""
-        return self.blocks_to_hold(num_tokens, num_seqs=num_seqs, watermark=watermark) <= self.num_blocks
-
     def can_allocate(self, num_tokens: int, *, token_ids: TokenIds = None, watermark: float = 0.0,
                      extra_key: ExtraKey = None) -> bool:
         """Whether a new sequence of ``num_tokens`` tokens fits now, cache hits counted, leaving the watermark."""
@@ -459,29 +455,11 @@ class BlockManager:
         tables = [self._tables[s] for s in self._listed(seq_ids, "can_append")]
         return len(self._free) - growth_demand(tables, num_tokens, self.block_size, self._blocks) >= reserve
 
-    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
-        """The most tokens, at most ``up_to``, the sequence can grow by now and leave the watermark free
-        (how much of a prompt's next chunk fits): room in its last block and whole new blocks, after
-        a copy of a shared, non-full last block."""
-        table = self.table(seq_id)
-        spare = len(self._free) - self.watermark_blocks(watermark)
-        return room_to_grow(table, as_count(up_to, "up_to"), spare, self.block_size, self._blocks)
-
     def cached_prefix_tokens(self, token_ids: Sequence[int], *, extra_key: ExtraKey = None) -> int:
         """How many leading tokens of a prompt the prefix cache holds now (whole blocks); changes nothing."""
         if not hasattr(token_ids, "__len__"):
             raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
         return len(self._plan_prompt(len(token_ids), token_ids, extra_key).hits) * self.block_size
-
-    def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
-        """Whether a swapped-out sequence fits back now (one device block per CPU block it holds)."""
-        reserve = self.watermark_blocks(watermark)
-        return len(self._free) - len(self._swapped_table(seq_id).block_ids) >= reserve
-
-    def can_swap_out(self, seq_ids: Iterable[int]) -> bool:
-        """Whether the CPU pool has room for all these resident sequences at once (a private CPU block for
-        every block each holds, shared ones too). Unknown, swapped-out or repeated ids raise."""
-        return sum(len(self._tables[s].block_ids) for s in self._listed(seq_ids, "can_swap_out")) <= len(self._cpu_free)
 
     # ------------------------------------------------------------------ admit a prompt
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None,
@@ -501,19 +479,31 @@ class BlockManager:
 
     def allocate_prompt(self, seq_id: int, prompt: Sequence[int], *, max_new_tokens: Optional[int] = None,
                         watermark: float = 0.0, extra_key: ExtraKey = None) -> Optional[int]:
-        """The scheduler's one call to admit a prompt: place its cached prefix and up to ``max_new_tokens`` more
-        of its tokens (all of them by default), leaving the watermark free; returns how many were found
-        cached, or ``None`` (nothing changed) when that does not fit. The sequence then holds
-        ``min(len(prompt), cached + max_new_tokens)`` tokens."""
+        """The scheduler's one call per prompt chunk: place the prompt's next tokens, up to ``max_new_tokens`` of them
+        (all by default), leaving the watermark free. A new sequence is admitted with its cached prefix and the
+        tokens after it, all or nothing; a resident one, holding the prompt's first tokens, grows by as many of the
+        next ones as fit. Returns how many of its tokens were in place before (found cached, or held), or ``None``
+        (nothing changed) when none fit; the sequence then holds :meth:`get_num_tokens` tokens."""
         seq_id = as_seq_id(seq_id)
-        self._check_new_id(seq_id)
         if not hasattr(prompt, "__len__"):
             raise InvalidTypeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__}")
+        left = len(prompt) if max_new_tokens is None else as_count(max_new_tokens, "max_new_tokens")
         reserve = self.watermark_blocks(watermark)
+        table = self._tables.get(seq_id)
+        if table is not None:  # the next chunk: as much of it as fits, its tokens checked by append_tokens
+            held = table.num_tokens
+            if held > len(prompt) or table.token_ids is not None and table.token_ids != list(prompt[:held]):
+                raise InvalidArgumentError(f"sequence {seq_id} holds tokens that do not begin this prompt")
+            n = room_to_grow(table, min(left, len(prompt) - held), len(self._free) - reserve, self.block_size,
+                             self._blocks)
+            if n == 0:
+                return None
+            self.append_tokens(seq_id, n, prompt[held : held + n])
+            return held
+        self._check_new_id(seq_id)
         plan = self._plan_prompt(len(prompt), prompt, extra_key)
         cached = len(plan.hits) * self.block_size
-        total = len(prompt) if max_new_tokens is None else min(len(prompt), cached + as_count(max_new_tokens,
-                                                                                              "max_new_tokens"))
+        total = min(len(prompt), cached + left)
         full = total // self.block_size  # the plan of the placed part: its full blocks' keys, the same hits
         plan = plan._replace(tokens=None if plan.tokens is None else plan.tokens[:total], keys=plan.keys[:full],
                              new_blocks=cdiv(total, self.block_size) - len(plan.hits))
@@ -641,35 +631,40 @@ class BlockManager:
         return tuple(self._copy_on_write(table, i) for i in shared)
 
     # ------------------------------------------------------------------ swap
-    def swap_out(self, seq_id: int) -> Tuple[List[int], List[int]]:
-        """Give a sequence a private CPU block per block it holds, and drop its device blocks (shared ones stay).
+    def swap_out(self, *seq_ids: int) -> Optional[Tuple[List[int], List[int]]]:
+        """Move these resident sequences to the CPU pool, all or none: each gets a private CPU block per block it
+        holds and drops its device blocks (shared ones stay for their other holders). Returns ``(device_ids,
+        cpu_ids)``, for the owner to copy ``device_ids[i]`` to ``cpu_ids[i]`` at once, or ``None`` (nothing
+        changed) when the CPU pool cannot hold them all. Unknown, swapped-out or repeated ids raise."""
+        tables = [self._tables[s] for s in self._listed(seq_ids, "swap_out")]
+        if sum(len(table.block_ids) for table in tables) > len(self._cpu_free):
+            return None
+        device_ids: List[int] = []
+        for seq_id, table in zip(seq_ids, tables):
+            del self._tables[seq_id]
+            self._release(table.block_ids)
+            device_ids += table.block_ids
+            table.block_ids = [self._cpu_free.popleft() for _ in table.block_ids]
+            self._swapped[seq_id] = table
+        return device_ids, [b for table in tables for b in table.block_ids]
 
-        Returns ``(device_ids, cpu_ids)``: the owner copies ``device_ids[i]`` to ``cpu_ids[i]`` at once.
-        """
-        table = self.table(seq_id)
-        n = len(table.block_ids)
-        if n > len(self._cpu_free):
-            raise OutOfBlocksError(n, len(self._cpu_free), f"swap out sequence {seq_id}", pool="CPU")
-        device_ids = table.block_ids
-        del self._tables[seq_id]
-        self._release(device_ids)
-        table.block_ids = [self._cpu_free.popleft() for _ in range(n)]
-        self._swapped[seq_id] = table
-        return list(device_ids), list(table.block_ids)
-
-    def swap_in(self, seq_id: int) -> Tuple[List[int], List[int]]:
-        """Bring a swapped-out sequence back onto fresh device blocks; returns ``(cpu_ids, device_ids)`` to copy."""
-        table = self._swapped_table(seq_id)
-        n = len(table.block_ids)
-        if n > len(self._free):
-            raise OutOfBlocksError(n, len(self._free), f"swap in sequence {seq_id}")
-        del self._swapped[seq_id]
-        cpu_ids = table.block_ids
-        self._cpu_free.extend(cpu_ids)
-        table.block_ids = self._take(n)
-        self._register(table, 0)
-        self._tables[seq_id] = table
-        return list(cpu_ids), list(table.block_ids)
+    def swap_in(self, *seq_ids: int, watermark: float = 0.0) -> Optional[Tuple[List[int], List[int]]]:
+        """Bring these swapped-out sequences back onto fresh device blocks, all or none, leaving the watermark free;
+        returns ``(cpu_ids, device_ids)`` to copy, or ``None`` (nothing changed) when they do not fit."""
+        tables = [self._swapped_table(s) for s in seq_ids]
+        if len(set(map(id, tables))) < len(tables):
+            raise InvalidArgumentError(f"a sequence is listed twice in swap_in{seq_ids}")
+        if len(self._free) - sum(len(table.block_ids) for table in tables) < self.watermark_blocks(watermark):
+            return None
+        cpu_ids: List[int] = []
+        for seq_id, table in zip(map(as_seq_id, seq_ids), tables):
+            del self._swapped[seq_id]
+            cpu_ids += table.block_ids
+            self._cpu_free.extend(table.block_ids)
+            table.block_ids = self._take(len(table.block_ids))
+            self._register(table, 0)
+            self._tables[seq_id] = table
+        return cpu_ids, [b for table in tables for b in table.block_ids]
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block's content key (after new weights); refused while any block is in use."""
@@ -719,8 +714,7 @@ class BlockManager:
             if len(table.block_ids) == least + 1 and table.num_tokens % self.block_size:
                 raise InvariantError(f"sequence {seq_id} reserved a block while its last one has room")
             if table.token_ids is not None and len(table.token_ids) != table.num_tokens:
-                raise InvariantError(f"sequence {seq_id} holds {len(table.token_ids)} token ids for "
-                                     f"{table.num_tokens} tokens")
+                raise InvariantError(f"seq {seq_id} holds {len(table.token_ids)} token ids for {table.num_tokens} tokens")
             if table.token_ids is not None and len(table.block_keys) != table.num_tokens // self.block_size:
                 raise InvariantError(f"sequence {seq_id} has {len(table.block_keys)} keys for its full blocks")
         for table in self._tables.values():
@@ -834,7 +828,7 @@ class BlockManager:
         for all when prefix caching is off. Rows of plain ints are checked in a few passes at C speed."""
         rows: List[Any] = token_ids if type(token_ids) is list else list(token_ids)
         try:  # a decode step's rows of one token are unpacked in one pass; others have their lengths checked
-            flat = [t for (t,) in rows] if num_tokens == 1 else \
+            flat: List[Any] = [t for (t,) in rows] if num_tokens == 1 else \
                 list(chain.from_iterable(rows)) if set(map(len, rows)) <= {num_tokens} else [None]
             if set(map(type, flat)) <= INT:  # no bools, no tensors
                 array("q", flat)  # every one in 64 bits
@@ -866,8 +860,7 @@ class BlockManager:
         """What allocating a prompt would take (keys, cache hits, blocks from the free queue); changes nothing.
         Token ids are checked, and count only with prefix caching on."""
         tokens = None if token_ids is None else as_token_ids(token_ids, num_tokens)
-        if not self.enable_prefix_caching:
-            tokens = None
+        tokens = tokens if self.enable_prefix_caching else None
         salt = as_extra_key(extra_key)
         keys = chain_keys(tokens, self.block_size, salt) if tokens is not None else []
         hits = self._prefix.longest_prefix(keys)

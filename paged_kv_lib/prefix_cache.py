@@ -17,7 +17,6 @@ from typing import Dict, List, Optional, Sequence, Union
 from .errors import InvalidTypeError
 
 ROOT_KEY = bytes(32)
-NO_SALT = bytes(8)  # the framed salt of a key without one
 
 
 def block_key(parent_key: Optional[bytes], token_ids: Sequence[int], extra_key: Optional[bytes] = None) -> bytes:
@@ -29,7 +28,7 @@ def framed(extra_key: Optional[bytes]) -> bytes:
     """The salt as a key hashes it: always length-prefixed, 0 for none. Otherwise "no salt" would read as any
     salt whose length is a multiple of 8 (its length and bytes parsed as token ids), and a prompt could be
     made to hit another tenant's blocks."""
-    return len(extra_key).to_bytes(8, "little") + extra_key if extra_key else NO_SALT
+    return len(extra_key).to_bytes(8, "little") + extra_key if extra_key else bytes(8)
 
 
 def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes] = None) -> List[bytes]:
