@@ -589,10 +589,10 @@ class BlockManager:
             # Most calls: no content to key and no fork sharing the last block (see _grow), so the sequence takes
             # new blocks for the tokens past the capacity of those it holds, and nothing else.
             count = table.num_tokens + num_tokens
-            if count <= len(table.block_ids) * self.block_size:
+            short = 0 if count % self.block_size > num_tokens else cdiv(count, self.block_size) - len(table.block_ids)
+            if short <= 0:  # mid-block (the first test), or its blocks hold them
                 table.num_tokens = count
                 return ()
-            short = cdiv(count, self.block_size) - len(table.block_ids)
             if short > len(self._free):
                 raise OutOfBlocksError(short, len(self._free), f"grow sequence {seq_id} to {count} tokens")
             new = self._take(short)
