@@ -117,19 +117,19 @@ class PagedKVCacheAllocator(BlockManager):
         return self.cache.gather(table.block_ids, table.num_tokens, self.cache.layer(layer))
 
     # ------------------------------------------------------------------ swapping moves bytes
-    def swap_out(self, seq_id: int) -> Tuple[List[int], List[int]]:
-        """Move a sequence's K/V to the CPU pool and free its device blocks; returns ``(device_ids, cpu_ids)``.
+    def swap_out(self, *seq_ids: int) -> Optional[Tuple[List[int], List[int]]]:
+        """Move these sequences' K/V to the CPU pool and free their device blocks, all or none; returns
+        ``(device_ids, cpu_ids)``, or ``None`` (nothing changed) when the CPU pool cannot hold them all. Blocks
+        a sequence shares with others stay on the device for them; each gets a private CPU copy of every block."""
+        moved = super().swap_out(*seq_ids)
+        if moved is not None:
+            self.cache.swap_out(*moved)  # at once: nothing has reused the released blocks yet
+        return moved
 
-        Blocks it shares with others stay on the device for them (only this sequence's
-        reference is dropped); the sequence gets a private CPU copy of every block.
-        """
-        device_ids, cpu_ids = super().swap_out(seq_id)
-        self.cache.swap_out(device_ids, cpu_ids)  # at once: nothing has reused the released blocks yet
-        return device_ids, cpu_ids
-
-    def swap_in(self, seq_id: int) -> Tuple[List[int], List[int]]:
-        """Bring a swapped-out sequence back to (possibly different) device blocks, bit-exact; returns
-        ``(cpu_ids, device_ids)``."""
-        cpu_ids, device_ids = super().swap_in(seq_id)
-        self.cache.swap_in(cpu_ids, device_ids)
-        return cpu_ids, device_ids
+    def swap_in(self, *seq_ids: int, watermark: float = 0.0) -> Optional[Tuple[List[int], List[int]]]:
+        """Bring swapped-out sequences back to (possibly different) device blocks, bit-exact, all or none, leaving
+        the watermark free; returns ``(cpu_ids, device_ids)``, or ``None`` (nothing changed) when they do not fit."""
+        moved = super().swap_in(*seq_ids, watermark=watermark)
+        if moved is not None:
+            self.cache.swap_in(*moved)
+        return moved

@@ -415,10 +415,6 @@ class BlockManager:
         watermark added: the pool serves them only if this is at most ``num_blocks``."""
         return blocks_to_hold(num_tokens, num_seqs, self.block_size, self.num_blocks, watermark)
 
-    def can_ever_fit(self, num_tokens: int, *, num_seqs: int = 1, watermark: float = 0.0) -> bool:
-        """Whether ``num_seqs`` sequences of up to ``num_tokens`` tokens fit the empty pool, leaving the watermark."""
-        return self.blocks_to_hold(num_tokens, num_seqs=num_seqs, watermark=watermark) <= self.num_blocks
-
     def can_allocate(self, num_tokens: int, *, token_ids: TokenIds = None, watermark: float = 0.0,
                      extra_key: ExtraKey = None) -> bool:
         """Whether a new sequence of ``num_tokens`` tokens fits now, cache hits counted, leaving the watermark."""
@@ -459,29 +455,11 @@ class BlockManager:
         tables = [self._tables[s] for s in self._listed(seq_ids, "can_append")]
         return len(self._free) - growth_demand(tables, num_tokens, self.block_size, self._blocks) >= reserve
 
-    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
-        """The most tokens, at most ``up_to``, the sequence can grow by now and leave the watermark free
-        (how much of a prompt's next chunk fits): room in its last block and whole new blocks, after
-        a copy of a shared, non-full last block."""
-        table = self.table(seq_id)
-        spare = len(self._free) - self.watermark_blocks(watermark)
-        return room_to_grow(table, as_count(up_to, "up_to"), spare, self.block_size, self._blocks)
-
     def cached_prefix_tokens(self, token_ids: Sequence[int], *, extra_key: ExtraKey = None) -> int:
         """How many leading tokens of a prompt the prefix cache holds now (whole blocks); changes nothing."""
         if not hasattr(token_ids, "__len__"):
             raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
         return len(self._plan_prompt(len(token_ids), token_ids, extra_key).hits) * self.block_size
-
-    def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
-        """Whether a swapped-out sequence fits back now (one device block per CPU block it holds)."""
-        reserve = self.watermark_blocks(watermark)
-        return len(self._free) - len(self._swapped_table(seq_id).block_ids) >= reserve
-
-    def can_swap_out(self, seq_ids: Iterable[int]) -> bool:
-        """Whether the CPU pool has room for all these resident sequences at once (a private CPU block for
-        every block each holds, shared ones too). Unknown, swapped-out or repeated ids raise."""
-        return sum(len(self._tables[s].block_ids) for s in self._listed(seq_ids, "can_swap_out")) <= len(self._cpu_free)
 
     # ------------------------------------------------------------------ admit a prompt
     def allocate_for_sequence(self, seq_id: int, num_prompt_tokens: int, *, token_ids: TokenIds = None,
@@ -501,19 +479,31 @@ class BlockManager:
 
     def allocate_prompt(self, seq_id: int, prompt: Sequence[int], *, max_new_tokens: Optional[int] = None,
                         watermark: float = 0.0, extra_key: ExtraKey = None) -> Optional[int]:
-        """The scheduler's one call to admit a prompt: place its cached prefix and up to ``max_new_tokens`` more
-        of its tokens (all of them by default), leaving the watermark free; returns how many were found
-        cached, or ``None`` (nothing changed) when that does not fit. The sequence then holds
-        ``min(len(prompt), cached + max_new_tokens)`` tokens."""
+        """The scheduler's one call per prompt chunk: place the prompt's next tokens, up to ``max_new_tokens`` of them
+        (all by default), leaving the watermark free. A new sequence is admitted with its cached prefix and the
+        tokens after it, all or nothing; a resident one, holding the prompt's first tokens, grows by as many of the
+        next ones as fit. Returns how many of its tokens were in place before (found cached, or held), or ``None``
+        (nothing changed) when none fit; the sequence then holds :meth:`get_num_tokens` tokens."""
         seq_id = as_seq_id(seq_id)
-        self._check_new_id(seq_id)
         if not hasattr(prompt, "__len__"):
             raise InvalidTypeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__}")
+        left = len(prompt) if max_new_tokens is None else as_count(max_new_tokens, "max_new_tokens")
         reserve = self.watermark_blocks(watermark)
+        table = self._tables.get(seq_id)
+        if table is not None:  # the next chunk: as much of it as fits, its tokens checked by append_tokens
+            held = table.num_tokens
+            if held > len(prompt) or table.token_ids is not None and table.token_ids != list(prompt[:held]):
+                raise InvalidArgumentError(f"sequence {seq_id} holds tokens that do not begin this prompt")
+            n = room_to_grow(table, min(left, len(prompt) - held), len(self._free) - reserve, self.block_size,
+                             self._blocks)
+            if n == 0:
+                return None
+            self.append_tokens(seq_id, n, prompt[held : held + n])
+            return held
+        self._check_new_id(seq_id)
         plan = self._plan_prompt(len(prompt), prompt, extra_key)
         cached = len(plan.hits) * self.block_size
-        total = len(prompt) if max_new_tokens is None else min(len(prompt), cached + as_count(max_new_tokens,
-                                                                                              "max_new_tokens"))
+        total = min(len(prompt), cached + left)
         full = total // self.block_size  # the plan of the placed part: its full blocks' keys, the same hits
         plan = plan._replace(tokens=None if plan.tokens is None else plan.tokens[:total], keys=plan.keys[:full],
                              new_blocks=cdiv(total, self.block_size) - len(plan.hits))
@@ -581,12 +571,13 @@ class BlockManager:
             raise OutOfBlocksError(needed, len(self._free), f"grow {len(ids)} sequences by {num_tokens}")
         return placed
 
-    def append_tokens(self, seq_id: int, num_tokens: int = 1, *, token_ids: TokenIds = None) -> Tuple[int, ...]:
+    def append_tokens(self, seq_id: int, num_tokens: int = 1, token_ids: TokenIds = None) -> Tuple[int, ...]:
         """Grow a sequence by ``num_tokens``, adding exactly the blocks it now needs; returns the block ids placed.
 
         A new block is needed when the first new token's position is a multiple of ``block_size`` (the
         seed's ``(length + 1) % block_size == 0`` asked one token early). A shared, non-full last block is
-        copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable.
+        copied first (copy-on-write). ``token_ids`` (the new tokens) make blocks that fill up cacheable; it is
+        not keyword-only because CPython calls a function that has keyword-only parameters more slowly.
         """
         try:
             table = self._tables[seq_id] if type(seq_id) is int else self.table(seq_id)
@@ -598,10 +589,10 @@ class BlockManager:
             # Most calls: no content to key and no fork sharing the last block (see _grow), so the sequence takes
             # new blocks for the tokens past the capacity of those it holds, and nothing else.
             count = table.num_tokens + num_tokens
-            if count <= len(table.block_ids) * self.block_size:
+            short = 0 if count % self.block_size > num_tokens else cdiv(count, self.block_size) - len(table.block_ids)
+            if short <= 0:  # mid-block (the first test), or its blocks hold them
                 table.num_tokens = count
                 return ()
-            short = cdiv(count, self.block_size) - len(table.block_ids)
             if short > len(self._free):
                 raise OutOfBlocksError(short, len(self._free), f"grow sequence {seq_id} to {count} tokens")
             new = self._take(short)
@@ -640,35 +631,40 @@ class BlockManager:
         return tuple(self._copy_on_write(table, i) for i in shared)
 
     # ------------------------------------------------------------------ swap
-    def swap_out(self, seq_id: int) -> Tuple[List[int], List[int]]:
-        """Give a sequence a private CPU block per block it holds, and drop its device blocks (shared ones stay).
+    def swap_out(self, *seq_ids: int) -> Optional[Tuple[List[int], List[int]]]:
+        """Move these resident sequences to the CPU pool, all or none: each gets a private CPU block per block it
+        holds and drops its device blocks (shared ones stay for their other holders). Returns ``(device_ids,
+        cpu_ids)``, for the owner to copy ``device_ids[i]`` to ``cpu_ids[i]`` at once, or ``None`` (nothing
+        changed) when the CPU pool cannot hold them all. Unknown, swapped-out or repeated ids raise."""
+        tables = [self._tables[s] for s in self._listed(seq_ids, "swap_out")]
+        if sum(len(table.block_ids) for table in tables) > len(self._cpu_free):
+            return None
+        device_ids: List[int] = []
+        for seq_id, table in zip(seq_ids, tables):
+            del self._tables[seq_id]
+            self._release(table.block_ids)
+            device_ids += table.block_ids
+            table.block_ids = [self._cpu_free.popleft() for _ in table.block_ids]
+            self._swapped[seq_id] = table
+        return device_ids, [b for table in tables for b in table.block_ids]
 
-        Returns ``(device_ids, cpu_ids)``: the owner copies ``device_ids[i]`` to ``cpu_ids[i]`` at once.
-        """
-        table = self.table(seq_id)
-        n = len(table.block_ids)
-        if n > len(self._cpu_free):
-            raise OutOfBlocksError(n, len(self._cpu_free), f"swap out sequence {seq_id}", pool="CPU")
-        device_ids = table.block_ids
-        del self._tables[seq_id]
-        self._release(device_ids)
-        table.block_ids = [self._cpu_free.popleft() for _ in range(n)]
-        self._swapped[seq_id] = table
-        return list(device_ids), list(table.block_ids)
-
-    def swap_in(self, seq_id: int) -> Tuple[List[int], List[int]]:
-        """Bring a swapped-out sequence back onto fresh device blocks; returns ``(cpu_ids, device_ids)`` to copy."""
-        table = self._swapped_table(seq_id)
-        n = len(table.block_ids)
-        if n > len(self._free):
-            raise OutOfBlocksError(n, len(self._free), f"swap in sequence {seq_id}")
-        del self._swapped[seq_id]
-        cpu_ids = table.block_ids
-        self._cpu_free.extend(cpu_ids)
-        table.block_ids = self._take(n)
-        self._register(table, 0)
-        self._tables[seq_id] = table
-        return list(cpu_ids), list(table.block_ids)
+    def swap_in(self, *seq_ids: int, watermark: float = 0.0) -> Optional[Tuple[List[int], List[int]]]:
+        """Bring these swapped-out sequences back onto fresh device blocks, all or none, leaving the watermark free;
+        returns ``(cpu_ids, device_ids)`` to copy, or ``None`` (nothing changed) when they do not fit."""
+        tables = [self._swapped_table(s) for s in seq_ids]
+        if len(set(map(id, tables))) < len(tables):
+            raise InvalidArgumentError(f"a sequence is listed twice in swap_in{seq_ids}")
+        if len(self._free) - sum(len(table.block_ids) for table in tables) < self.watermark_blocks(watermark):
+            return None
+        cpu_ids: List[int] = []
+        for seq_id, table in zip(map(as_seq_id, seq_ids), tables):
+            del self._swapped[seq_id]
+            cpu_ids += table.block_ids
+            self._cpu_free.extend(table.block_ids)
+            table.block_ids = self._take(len(table.block_ids))
+            self._register(table, 0)
+            self._tables[seq_id] = table
+        return cpu_ids, [b for table in tables for b in table.block_ids]
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block's content key (after new weights); refused while any block is in use."""
@@ -718,8 +714,7 @@ class BlockManager:
             if len(table.block_ids) == least + 1 and table.num_tokens % self.block_size:
                 raise InvariantError(f"sequence {seq_id} reserved a block while its last one has room")
             if table.token_ids is not None and len(table.token_ids) != table.num_tokens:
-                raise InvariantError(f"sequence {seq_id} holds {len(table.token_ids)} token ids for "
-                                     f"{table.num_tokens} tokens")
+                raise InvariantError(f"seq {seq_id} holds {len(table.token_ids)} token ids for {table.num_tokens} tokens")
             if table.token_ids is not None and len(table.block_keys) != table.num_tokens // self.block_size:
                 raise InvariantError(f"sequence {seq_id} has {len(table.block_keys)} keys for its full blocks")
         for table in self._tables.values():
@@ -784,7 +779,8 @@ class BlockManager:
         placed: Placed = {}
         forked, fits = self._forked, block_size - num_tokens
         # Most tables hold 1..fits tokens in a last block (so no reserve follows it) that no fork shares: the new
-        # tokens fit there, a count update. Only the others are asked what they take (_place), in listed order.
+        # tokens fit there, a count update. Only the others are asked what they take (_place), in listed order;
+        # with token ids, a table whose new tokens fill a block keys it (_add_tokens), once.
         if tokens is None:
             for seq_id in ids:
                 table = tables[seq_id]
@@ -796,7 +792,7 @@ class BlockManager:
                 table.num_tokens = count + num_tokens
                 table.token_ids = None  # the content is unknown from here on: no more keys
             return placed
-        for seq_id, new_tokens in zip(ids, tokens):
+        for seq_id, new in zip(ids, tokens):
             table = tables[seq_id]
             count = table.num_tokens
             if (count - 1) % block_size >= fits or (forked and seq_id in forked):
@@ -805,14 +801,11 @@ class BlockManager:
                     placed[seq_id] = got
             table.num_tokens = count = count + num_tokens
             seen = table.token_ids
-            if seen is None or new_tokens is None:
-                table.token_ids = None
-            else:
-                seen += new_tokens
-                if count % block_size < num_tokens:  # the new tokens reached a block's end: key it, once
-                    start = len(table.block_keys)
-                    extend_chain(table.block_keys, seen, block_size, table.extra_key)
-                    self._register(table, start)
+            if seen is not None:
+                if new is None or count % block_size < num_tokens:
+                    self._add_tokens(table, new)
+                else:
+                    seen += new
         return placed
 
     def _place(self, table: BlockTable, num_tokens: int) -> Tuple[int, ...]:
@@ -834,13 +827,13 @@ class BlockManager:
         """Each sequence's new token ids, checked (``num_tokens`` ints in 64 bits each, or ``None``), or ``None``
         for all when prefix caching is off. Rows of plain ints are checked in a few passes at C speed."""
         rows: List[Any] = token_ids if type(token_ids) is list else list(token_ids)
-        try:
-            if set(map(len, rows)) <= {num_tokens}:
-                flat = list(chain.from_iterable(rows))
-                if set(map(type, flat)) <= INT:  # no bools, no tensors
-                    array("q", flat)  # every one in 64 bits
-                    return rows if self.enable_prefix_caching else None
-        except (TypeError, OverflowError):
+        try:  # a decode step's rows of one token are unpacked in one pass; others have their lengths checked
+            flat: List[Any] = [t for (t,) in rows] if num_tokens == 1 else \
+                list(chain.from_iterable(rows)) if set(map(len, rows)) <= {num_tokens} else [None]
+            if set(map(type, flat)) <= INT:  # no bools, no tensors
+                array("q", flat)  # every one in 64 bits
+                return rows if self.enable_prefix_caching else None
+        except (TypeError, ValueError, OverflowError):
             pass
         rows = [None if t is None else as_token_ids(t, num_tokens) for t in rows]  # raises the typed error
         return rows if self.enable_prefix_caching else None
@@ -867,8 +860,7 @@ class BlockManager:
         """What allocating a prompt would take (keys, cache hits, blocks from the free queue); changes nothing.
         Token ids are checked, and count only with prefix caching on."""
         tokens = None if token_ids is None else as_token_ids(token_ids, num_tokens)
-        if not self.enable_prefix_caching:
-            tokens = None
+        tokens = tokens if self.enable_prefix_caching else None
         salt = as_extra_key(extra_key)
         keys = chain_keys(tokens, self.block_size, salt) if tokens is not None else []
         hits = self._prefix.longest_prefix(keys)
@@ -897,15 +889,29 @@ class BlockManager:
                 released.append(block_id)
         self._free.extend_unchecked(released)
 
+    def _add_tokens(self, table: BlockTable, new: TokenIds) -> None:
+        """Record a table's new tokens (``None``: its content is unknown from here on, no more keys) and make
+        the blocks they filled findable by content, each keyed once."""
+        seen = table.token_ids
+        if seen is None or new is None:
+            table.token_ids = None
+            return
+        seen += new
+        start = len(table.block_keys)
+        if len(seen) >= (start + 1) * self.block_size:
+            extend_chain(table.block_keys, seen, self.block_size, table.extra_key)
+            self._register(table, start)
+
     def _register(self, table: BlockTable, start: int) -> None:
         """Make the table's full blocks from logical index ``start`` on findable by content."""
         if table.token_ids is None:
             return
-        for key, block_id in zip(table.block_keys[start:], table.block_ids[start:]):
-            block = self._blocks[block_id]
-            if block.block_hash is None and key not in self._prefix:
-                block.block_hash = key
-                self._prefix[key] = block_id
+        keys, ids, blocks, prefix = table.block_keys, table.block_ids, self._blocks, self._prefix
+        for i in range(start, len(keys)):
+            block = blocks[ids[i]]
+            if block.block_hash is None and keys[i] not in prefix:
+                block.block_hash = keys[i]
+                prefix[keys[i]] = ids[i]
 
     def _copy_on_write(self, table: BlockTable, index: int) -> Tuple[int, int]:
         """Give the table a private copy of its shared block at logical ``index``; returns ``(src, dst)``. If

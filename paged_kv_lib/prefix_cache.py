@@ -10,7 +10,7 @@ token comparison. Partial blocks have no key: their content is still changing.
 
 from __future__ import annotations
 
-import hashlib
+from hashlib import sha256
 from array import array
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -21,12 +21,14 @@ ROOT_KEY = bytes(32)
 
 def block_key(parent_key: Optional[bytes], token_ids: Sequence[int], extra_key: Optional[bytes] = None) -> bytes:
     """The key of a full block holding ``token_ids`` after the block whose key is ``parent_key``."""
-    # The salt is always length-prefixed, 0 for none: otherwise "no salt" would read as any salt
-    # whose length is a multiple of 8 (its length and bytes parsed as token ids), and a prompt could
-    # be made to hit another tenant's blocks.
-    salt = extra_key or b""
-    tokens = array("q", token_ids).tobytes()
-    return hashlib.sha256(b"".join((parent_key or ROOT_KEY, len(salt).to_bytes(8, "little"), salt, tokens))).digest()
+    return sha256((parent_key or ROOT_KEY) + framed(extra_key) + array("q", token_ids).tobytes()).digest()
+
+
+def framed(extra_key: Optional[bytes]) -> bytes:
+    """The salt as a key hashes it: always length-prefixed, 0 for none. Otherwise "no salt" would read as any
+    salt whose length is a multiple of 8 (its length and bytes parsed as token ids), and a prompt could be
+    made to hit another tenant's blocks."""
+    return len(extra_key).to_bytes(8, "little") + extra_key if extra_key else bytes(8)
 
 
 def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes] = None) -> List[bytes]:
@@ -37,10 +39,11 @@ def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[by
 
 
 def extend_chain(keys: List[bytes], token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes]) -> None:
-    """Append to ``keys`` (those of the first full blocks of ``token_ids``) the keys of the blocks filled since."""
-    parent = keys[-1] if keys else None
+    """Append to ``keys`` (those of the first full blocks of ``token_ids``) the keys of the blocks filled since:
+    :func:`block_key` of each, written out (a decode step keys a block here whenever one fills)."""
+    parent, salt = keys[-1] if keys else ROOT_KEY, framed(extra_key)
     for start in range(len(keys) * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = block_key(parent, token_ids[start : start + block_size], extra_key)
+        parent = sha256(parent + salt + array("q", token_ids[start : start + block_size]).tobytes()).digest()
         keys.append(parent)
 
 

@@ -2,11 +2,12 @@
 
 :class:`PagedKVView` is what a paged forward reads: lengths, block tables as one tensor, and the
 per-layer cache tensors. :class:`EngineBookkeeping` is what the engine's scheduler asks and tells
-the bookkeeping: one call per step that checks and acts (``allocate_slots``: the blocks placed, or
-``None`` when the step does not fit), one per admission (``allocate_prompt``), and the few questions
-whose answer decides between two acts (swap or recompute). :class:`EngineAllocator` is both, the one
-type the engine is written against. ``PagedKVCacheAllocator`` implements it, and so does the adapter
-that serves a learner's allocator.
+the bookkeeping. Each act checks and acts in one call, changing nothing when it refuses: ``allocate_slots``
+grows a decode step (the blocks placed, or ``None``), ``allocate_prompt`` admits a prompt or places its
+next chunk, ``swap_out`` and ``swap_in`` move a request's sequences all or none. The questions left are the
+pool's size and use, whether a request could ever fit, and whether several prompts fit together.
+:class:`EngineAllocator` is both, the one type the engine is written against. ``PagedKVCacheAllocator``
+implements it, and so does the adapter that serves a learner's allocator.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class EngineBookkeeping(Protocol):
 
     def allocate_prompt(self, seq_id: int, prompt: Sequence[int], *, max_new_tokens: Optional[int] = None,
                         watermark: float = 0.0) -> Optional[int]:
-        """Admit a prompt: its cached prefix and up to ``max_new_tokens`` more tokens, leaving the watermark;
-        returns the tokens found cached, or ``None`` (nothing changed) when that does not fit."""
+        """Place a prompt's next tokens, leaving the watermark: a new sequence gets its cached prefix and up to
+        ``max_new_tokens`` more (all or nothing), a resident one as many of the next ``max_new_tokens`` as fit.
+        Returns the tokens in place before (found cached, or held), or ``None`` (nothing changed) when none fit."""
         ...
 
     def allocate_slots(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
@@ -75,10 +77,6 @@ class EngineBookkeeping(Protocol):
                        watermark: float = 0.0) -> Optional[Dict[int, Tuple[int, ...]]]:
         """Grow every listed sequence (a decode step, or a prompt's next chunk): the blocks placed, by
         sequence, or ``None`` (nothing changed) when they do not all fit."""
-        ...
-
-    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
-        """The most tokens, at most ``up_to``, the sequence can grow by now (how much of a prompt chunk fits)."""
         ...
 
     def can_allocate_many(self, num_tokens: Sequence[int], *, token_ids: Optional[Sequence[TokenIds]] = None,
@@ -94,20 +92,13 @@ class EngineBookkeeping(Protocol):
         """Release a sequence's blocks, resident or swapped out (an unknown id is a no-op)."""
         ...
 
-    def can_swap_out(self, seq_ids: Iterable[int]) -> bool:
-        """Whether the CPU pool has room for all these resident sequences at once."""
+    def swap_out(self, *seq_ids: int) -> Optional[object]:
+        """Move resident sequences to the CPU pool, all or none; ``None`` (nothing changed) when they do not fit."""
         ...
 
-    def swap_out(self, seq_id: int) -> object:
-        """Move a resident sequence to the CPU pool."""
-        ...
-
-    def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
-        """Whether a swapped-out sequence fits back on the device now, leaving the watermark."""
-        ...
-
-    def swap_in(self, seq_id: int) -> object:
-        """Bring a swapped-out sequence back onto the device."""
+    def swap_in(self, *seq_ids: int, watermark: float = 0.0) -> Optional[object]:
+        """Bring swapped-out sequences back onto the device, all or none, leaving the watermark; ``None`` (nothing
+        changed) when they do not fit."""
         ...
 
     def reset_prefix_cache(self) -> int:

@@ -118,7 +118,7 @@ def test_the_reading_order_counts_lines_as_wc_does():
 
 def test_the_decode_trace_names_the_functions_at_its_lines():
     _, trace = read_core(MAP.read_text(encoding="utf-8"))
-    assert trace[0][2] == "schedule_decodes" and trace[-1][2] == "pop_many"
+    assert trace[0][2] == "schedule_decodes" and trace[-1][2] in ("popleft", "pop_many")
     assert len({path for path, _, _ in trace}) <= 4
     for path, line, name in trace:
         text = (PACKAGE / path).read_text(encoding="utf-8").splitlines()

@@ -9,10 +9,10 @@ Each :meth:`Engine.step` is one iteration of the serving loop, under a budget of
    while they do not, the newest running request is preempted, by recompute (free its
    blocks, requeue it at the front) or by swap (move its K/V to the CPU pool).
 2. **Then prompt chunks**: a running sequence mid-prompt grows by its next chunk, as much
-   as the budget left and the allocator allow (``appendable_tokens``).
+   as the budget left and the allocator allow (``allocate_prompt`` places as much as fits).
 3. **Admit**: waiting requests join first come, first served while the allocator says
    their first chunk fits and leaves the watermark free (``allocate_prompt``, one call that
-   checks and acts; ``can_swap_in``). A prompt's cached prefix is reused, not computed;
+   checks and acts; a swapped request by one ``swap_in`` of all its samples, or none). A prompt's cached prefix is reused, not computed;
    ``n > 1`` samples share the prompt through ``fork`` once it is all in.
 
 Then one forward pass carries the decodes and the chunks together (one block-table
@@ -29,9 +29,9 @@ when the engine is built.
 
 The allocator is any :class:`~paged_kv_lib.protocols.EngineAllocator`: one call per step grows the
 decodes (``allocate_slots``: the blocks placed, or ``None`` and the newest request is preempted), one
-call admits a prompt (``allocate_prompt``); ``blocks_to_hold`` refuses a request that could never fit,
-``can_swap_out`` comes before a swap, ``can_allocate_many`` before samples re-admitted together. The
-engine reads nothing else.
+call admits a prompt or places its next chunk (``allocate_prompt``); ``swap_out`` and ``swap_in`` move a
+request's samples all or none (``None``: they do not fit); ``blocks_to_hold`` refuses a request that could
+never fit, ``can_allocate_many`` comes before samples re-admitted together. The engine reads nothing else.
 Modules: ``loop`` (:class:`Engine`, the requests and the step loop), ``scheduler`` (the queues
 and every scheduling decision), ``forward`` (one forward and its sampling), ``intake`` (the
 typed checks of what callers pass), ``requests``, ``stats``, ``cli``.

@@ -128,32 +128,26 @@ class Scheduler:
     def _next_chunk(self, request: Request, sample: Sample, budget: int, *, watermark: float) -> Optional[Chunk]:
         """Grow the sample by its next prompt chunk (at most ``budget`` tokens) if the allocator has room; else None.
 
-        A sample not yet in the allocator is admitted in one call (``allocate_prompt``: its cached
-        prefix plus the chunk, leaving ``watermark``; the cached blocks are skipped, not computed);
-        one already in grows by as much of the chunk as ``appendable_tokens`` says fits now. At least
+        One call places it (``allocate_prompt``, leaving ``watermark``): a sample not yet in the
+        allocator is admitted with its cached prefix plus the chunk, or not at all (the cached blocks
+        are skipped, not computed); one already in grows by as much of the chunk as fits now. At least
         the prompt's last token is always computed: its logits give the next token.
         """
         alloc = self.allocator
         tokens = sample.prefill
         assert tokens is not None
-        if sample.computed == 0:
-            cached = alloc.allocate_prompt(sample.seq_id, tokens, max_new_tokens=budget, watermark=watermark)
-            if cached is None:
-                return None
-            total = min(len(tokens), cached + budget)
-            begin = min(cached, total - 1)
-            sample.computed = total
-            if not request.started:
-                request.num_cached_tokens = cached
-            return Chunk(request, sample, tokens[begin:total], cached < total, total == len(tokens), cached)
-        begin = sample.computed
-        n = alloc.appendable_tokens(sample.seq_id, min(len(tokens) - begin, budget))
-        if n == 0:
+        before = alloc.allocate_prompt(sample.seq_id, tokens, max_new_tokens=budget, watermark=watermark)
+        if before is None:
             return None
-        new = tokens[begin : begin + n]
-        alloc.allocate_slots([sample.seq_id], n, token_ids=[new])
-        sample.computed += n
-        return Chunk(request, sample, new, True, sample.computed == len(tokens), 0)
+        total = alloc.get_num_tokens(sample.seq_id)
+        if sample.computed:  # the next chunk of a sample already in
+            sample.computed = total
+            return Chunk(request, sample, tokens[before:total], True, total == len(tokens), 0)
+        begin = min(before, total - 1)  # ``before`` tokens were found cached
+        sample.computed = total
+        if not request.started:
+            request.num_cached_tokens = before
+        return Chunk(request, sample, tokens[begin:total], before < total, total == len(tokens), before)
 
     # ------------------------------------------------------------ preemption
     def preempt_newest(self) -> None:
@@ -172,9 +166,7 @@ class Scheduler:
         live = request.live_samples()
         decoding = request.started and all(s.prefill is None for s in live)
         seq_ids = [s.seq_id for s in live]
-        if self.preemption_mode == "swap" and decoding and self.allocator.can_swap_out(seq_ids):
-            for seq_id in seq_ids:
-                self.allocator.swap_out(seq_id)
+        if self.preemption_mode == "swap" and decoding and self.allocator.swap_out(*seq_ids) is not None:
             request.status = Status.SWAPPED
         else:
             self.release(request)
@@ -185,8 +177,8 @@ class Scheduler:
     def admit(self, budget: int) -> List[Chunk]:
         """Move queued requests to running, oldest first, while batch slots, the budget and the allocator allow.
 
-        A swapped request comes back whole by ``swap_in`` (no tokens computed; it decodes
-        next step). Any other gets its first prompt chunk (or, resuming after recompute,
+        A swapped request comes back whole by one ``swap_in`` of its samples, all or none (no tokens
+        computed; it decodes next step). Any other gets its first prompt chunk (or, resuming after recompute,
         each sample its own) if the allocator says the first one fits and leaves the
         watermark free; its other chunks follow in later steps. A resumed request whose samples'
         prefills all fit this step's budget (always, without a budget) comes back with all of
@@ -200,7 +192,7 @@ class Scheduler:
             if len(live) > slots:
                 break
             if request.status is Status.SWAPPED:
-                if not self._swap_in(live):
+                if self.allocator.swap_in(*[s.seq_id for s in live], watermark=self.watermark) is None:
                     break
             else:
                 started = self._start(request, budget)
@@ -249,16 +241,3 @@ class Scheduler:
         prefills = [s.prefill or [] for s in samples]
         return self.allocator.can_allocate_many([len(p) for p in prefills], token_ids=prefills,
                                                 watermark=self.watermark)
-
-    def _swap_in(self, live: List[Sample]) -> bool:
-        """Swap every sample back in if the allocator says each fits; all or none."""
-        alloc = self.allocator
-        done: List[Sample] = []
-        for sample in live:
-            if not alloc.can_swap_in(sample.seq_id, watermark=self.watermark):
-                for back in done:  # their CPU blocks were freed just now, so this fits
-                    alloc.swap_out(back.seq_id)
-                return False
-            alloc.swap_in(sample.seq_id)
-            done.append(sample)
-        return True

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import ipywidgets as widgets
 
 from ..allocator import PagedKVCacheAllocator
+from ..errors import OutOfBlocksError
 from . import snapshot
 from .colors import ERROR_TEXT, MUTED_TEXT_SHORT, OK_TEXT
 from .static import widget_bundle
@@ -294,7 +295,9 @@ class Playground:
         def act() -> str:
             self._need_seq(seq_id)
             blocks = self.allocator.get_block_mapping(seq_id)
-            self.allocator.swap_out(seq_id)
+            if self.allocator.swap_out(seq_id) is None:  # refused, nothing changed
+                raise OutOfBlocksError(len(blocks), len(self.allocator.free_cpu_blocks), f"swap out seq {seq_id}",
+                                       pool="CPU")
             return f"swapped out seq {seq_id}: its {count(len(blocks), 'block')} now live in the CPU pool"
 
         return self._run(act)
@@ -303,7 +306,11 @@ class Playground:
         """Bring a swapped-out sequence back onto (possibly different) device blocks."""
         def act() -> str:
             self._need_seq(seq_id)
-            _, blocks = self.allocator.swap_in(seq_id)
+            moved = self.allocator.swap_in(seq_id)
+            if moved is None:  # refused, nothing changed
+                raise OutOfBlocksError(len(self.allocator.swapped_block_tables[seq_id]), self.allocator.num_free_blocks,
+                                       f"swap in seq {seq_id}")
+            blocks = moved[1]
             return f"swapped in seq {seq_id} -> blocks {list(blocks)}"
 
         return self._run(act)

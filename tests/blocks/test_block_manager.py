@@ -20,6 +20,7 @@ from paged_kv_lib import (
     InvalidArgumentError,
     InvalidTypeError,
     OutOfBlocksError,
+    PagedKVCacheAllocator,
     PagedKVError,
     SequenceStateError,
     UnknownSequenceError,
@@ -101,6 +102,46 @@ def test_swap_round_trip_names_the_blocks_to_copy():
     m.check_invariants()
 
 
+def declining_pool(kind):
+    """A nearly full pool (prefix caching on, a CPU pool of 3): sequence 0 of 8 tokens, 1 (its fork) and 2 (20 tokens)
+    resident, 3 and 4 swapped out (1 block each); one block free, one CPU block free."""
+    m = kind(8, 4, num_cpu_blocks=3) if kind is BlockManager else kind(8, 4, 1, 2, num_cpu_blocks=3)
+    m.allocate_for_sequence(0, 8, token_ids=list(range(8)))
+    m.fork(0, 1)
+    for seq_id, n in ((3, 4), (4, 3), (2, 20)):
+        m.allocate_for_sequence(seq_id, n, token_ids=[seq_id] * n)
+        if seq_id != 2:
+            m.swap_out(seq_id)
+    m.allocate_for_sequence(5, 4)
+    m.free_sequence(5)
+    return m
+
+
+DECLINED = [  # each call checks and acts in one: it does not fit here, so it answers None and changes nothing
+    ("allocate_slots", lambda m: m.allocate_slots([0, 1, 2], 4)),
+    ("allocate_slots, watermark", lambda m: m.allocate_slots([2], 1, watermark=0.2)),
+    ("allocate_prompt, new", lambda m: m.allocate_prompt(6, list(range(100, 109)))),
+    ("allocate_prompt, watermark", lambda m: m.allocate_prompt(6, [1], watermark=0.2)),
+    ("allocate_prompt, next chunk", lambda m: m.allocate_prompt(0, list(range(8)) + [5] * 9, watermark=0.2)),
+    ("allocate_prompt, chunk of a full table", lambda m: m.allocate_prompt(2, [2] * 20 + [7] * 9, watermark=0.2)),
+    ("swap_out, a group", lambda m: m.swap_out(0, 1)),
+    ("swap_out, one", lambda m: m.swap_out(2)),
+    ("swap_in, a group", lambda m: m.swap_in(3, 4)),
+    ("swap_in, watermark", lambda m: m.swap_in(3, watermark=0.2)),
+]
+
+
+@pytest.mark.parametrize("kind", [BlockManager, PagedKVCacheAllocator], ids=["manager", "allocator"])
+@pytest.mark.parametrize("name, call", DECLINED, ids=[c[0] for c in DECLINED])
+def test_a_check_and_act_call_that_does_not_fit_changes_nothing(kind, name, call):
+    m = declining_pool(kind)
+    assert m.num_free_blocks == 1 and m.num_free_cpu_blocks == 1
+    before = snapshot(m)
+    assert call(m) is None
+    assert_same_state(before, snapshot(m))
+    m.check_invariants()
+
+
 BAD_CALLS = [
     ("unknown id", lambda m: m.append_tokens(42), UnknownSequenceError, "42"),
     ("bool id", lambda m: m.append_tokens(True), InvalidTypeError, "bool"),
@@ -114,7 +155,8 @@ BAD_CALLS = [
     ("batch unknown", lambda m: m.append_tokens_batch([0, 9]), UnknownSequenceError, "9"),
     ("batch tokens", lambda m: m.append_tokens_batch([0], token_ids=[[1], [2]]), InvalidArgumentError, "2 entries"),
     ("fork onto itself", lambda m: m.fork(0, 0), DuplicateSequenceError, "already"),
-    ("swap out, no CPU pool", lambda m: m.swap_out(0), OutOfBlocksError, "CPU"),
+    ("swap out twice", lambda m: m.swap_out(0, 0), InvalidArgumentError, "twice"),
+    ("swap out unknown", lambda m: m.swap_out(0, 9), UnknownSequenceError, "9"),
     ("swap in resident", lambda m: m.swap_in(0), SequenceStateError, "not swapped out"),
     ("token count mismatch", lambda m: m.append_tokens(0, 2, token_ids=[1]), InvalidArgumentError, "1 token_ids"),
 ]
@@ -155,6 +197,12 @@ class ManagerMachine(RuleBasedStateMachine):
         before = snapshot(self.m)
         with pytest.raises(exc):
             call()
+        assert_same_state(before, snapshot(self.m))
+
+    def _declined(self, call):
+        """A check-and-act call that does not fit answers ``None`` and changes nothing."""
+        before = snapshot(self.m)
+        assert call() is None
         assert_same_state(before, snapshot(self.m))
 
     def _pick(self, data, pool):
@@ -244,7 +292,7 @@ class ManagerMachine(RuleBasedStateMachine):
         m = self.m
         seq_id = self._pick(data, self.lengths)
         if len(m.get_block_mapping(seq_id)) > m.num_free_cpu_blocks:
-            self._refused(lambda: m.swap_out(seq_id), OutOfBlocksError)
+            self._declined(lambda: m.swap_out(seq_id))
             return
         m.swap_out(seq_id)
         self.swapped[seq_id] = self.lengths.pop(seq_id)
@@ -254,8 +302,8 @@ class ManagerMachine(RuleBasedStateMachine):
     def swap_in(self, data):
         m = self.m
         seq_id = self._pick(data, self.swapped)
-        if not m.can_swap_in(seq_id):
-            self._refused(lambda: m.swap_in(seq_id), OutOfBlocksError)
+        if len(m.swapped_block_tables[seq_id]) > m.num_free_blocks:
+            self._declined(lambda: m.swap_in(seq_id))
             return
         m.swap_in(seq_id)
         self.lengths[seq_id] = self.swapped.pop(seq_id)

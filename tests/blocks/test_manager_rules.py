@@ -65,12 +65,12 @@ def test_room_to_grow_is_the_most_that_grows_and_one_more_does_not(block_size, p
     spare = manager.num_free_blocks
     table = manager.table(0)
     n = rules.room_to_grow(table, up_to, spare, block_size, manager.blocks)
-    assert n == manager.appendable_tokens(0, up_to)
     assert 0 <= n <= up_to
     if n < up_to:  # one token more needs one block more than there is
         assert rules.growth_demand([table], n + 1, block_size, manager.blocks) > spare
-    if n:
-        manager.append_tokens(0, n)  # and n itself fits
+    held = table.num_tokens  # and the prompt's next chunk grows by n, or is refused (None) when n is 0
+    assert manager.allocate_prompt(0, [7] * (held + up_to), max_new_tokens=up_to) == (held if n else None)
+    assert manager.get_num_tokens(0) == held + n
 
 
 @pytest.mark.parametrize("watermark, num_blocks, reserve", [(0.0, 10, 0), (0.01, 10, 1), (0.1, 10, 1),

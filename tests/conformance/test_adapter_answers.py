@@ -27,17 +27,19 @@ OPS = st.lists(
         st.tuples(st.just("append"), st.integers(0, 5), st.integers(0, 7)),
         st.tuples(st.just("fork"), st.integers(0, 5), st.integers(0, 5)),
         st.tuples(st.just("free"), st.integers(0, 5), st.just(0)),
-        st.tuples(st.just("swap_out"), st.integers(0, 5), st.just(0)),
-        st.tuples(st.just("swap_in"), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("swap_out"), st.integers(0, 5), st.integers(0, 5)),
+        st.tuples(st.just("swap_in"), st.integers(0, 5), st.integers(0, 1)),
         st.tuples(st.just("slots"), st.integers(0, 4), st.integers(0, 1)),
         st.tuples(st.just("prompt"), st.integers(0, 5), st.integers(0, 10)),
+        st.tuples(st.just("chunk"), st.integers(0, 5), st.integers(0, 30)),
     ),
     max_size=25,
 )
 
 
 def act(target, op: str, a: int, b: int):
-    """Apply one op; False when the target refused it (then it must have changed nothing)."""
+    """Apply one op; False when the target refused it (then it must have changed nothing): a typed error, or
+    ``None`` from a call that checks and acts."""
     try:
         if op == "allocate":
             target.allocate_for_sequence(a, b)
@@ -47,15 +49,18 @@ def act(target, op: str, a: int, b: int):
             target.fork(a, b)
         elif op == "free":
             target.free_sequence(a)
-        elif op == "swap_out":
-            target.swap_out(a)
+        elif op == "swap_out":  # one sequence, or two together: all or none
+            return target.swap_out(*sorted({a, b})) is not None
         elif op == "slots":  # the decode step's one call: every resident sequence, or None
             placed = target.allocate_slots(sorted(target.seq_ids), a, watermark=(0.0, 0.2)[b])
             return placed is not None and (sorted(placed), sorted(map(len, placed.values())))
         elif op == "prompt":  # one admission: its first 3 tokens, leaving the watermark, or None
             return target.allocate_prompt(a, list(range(b)), max_new_tokens=3, watermark=0.1) is not None
+        elif op == "chunk":  # a resident sequence's next prompt chunk: as much of b tokens as fits, or None
+            held = target.get_num_tokens(a)
+            return target.allocate_prompt(a, list(range(held + b)), max_new_tokens=b, watermark=0.25) is not None
         else:
-            target.swap_in(a)
+            return target.swap_in(a, watermark=(0.0, 0.3)[b]) is not None
     except (PagedKVError, ValueError, RuntimeError):
         return False
     return True
@@ -66,11 +71,7 @@ def answers(target, resident, swapped) -> dict:
         "free": target.num_free_blocks,
         "used": target.num_used_blocks,
         "cpu_free": target.num_free_cpu_blocks,
-        "appendable": [target.appendable_tokens(s, u, watermark=w) for s in resident for u in (1, 5, 30)
-                       for w in (0.0, 0.25)],
         "can_allocate_many": [target.can_allocate_many(ns, watermark=0.1) for ns in ([3, 3], [7, 1, 2], [])],
-        "can_swap_out": [target.can_swap_out(resident), target.can_swap_out(resident[:1])],
-        "can_swap_in": [target.can_swap_in(s, watermark=w) for s in swapped for w in (0.0, 0.3)],
         "hold": [target.blocks_to_hold(n, num_seqs=k, watermark=w) for n in (0, 5, 10, 33, 36) for k in (1, 2)
                  for w in (0.0, 0.1, 0.3)],
         "lengths": [target.get_num_tokens(s) for s in resident + swapped],
@@ -95,11 +96,11 @@ def test_the_adapter_and_the_block_manager_answer_alike(ops):
     adapter.check_invariants()
 
 
-@pytest.mark.parametrize("call", ["allocate_slots", "can_swap_out"])
+@pytest.mark.parametrize("call", ["allocate_slots", "swap_out"])
 def test_both_refuse_a_repeated_id(call):
     manager = BlockManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=False, num_cpu_blocks=CPU_BLOCKS)
     adapter = engine_for(MODEL, BookkeepingAllocator(NUM_BLOCKS, BLOCK_SIZE), num_cpu_blocks=CPU_BLOCKS).allocator
     for target in (manager, adapter):
         target.allocate_for_sequence(0, 4)
         with pytest.raises(ValueError, match="twice"):
-            getattr(target, call)([0, 0])
+            getattr(target, call)(*([[0, 0]] if call == "allocate_slots" else [0, 0]))

@@ -92,7 +92,7 @@ def test_the_library_allocator_is_driven_through_the_protocol_only(model, mode, 
     assert engine.totals.preemptions > 0  # the pool is tight: the preemption questions were asked
     asked = {"blocks_to_hold", "allocate_prompt", "allocate_slots", "fork", "free_sequence"}
     if mode == "swap":
-        asked |= {"can_swap_out", "can_swap_in", "swap_out"}
+        asked |= {"swap_out", "swap_in"}
     elif budget is None:  # a resumed pair of samples, each prefilled whole: both come back or neither
         asked |= {"can_allocate_many"}
     assert asked <= recording.touched, asked - recording.touched
@@ -104,7 +104,7 @@ def test_the_learner_adapter_is_driven_through_the_protocol_only(model) -> None:
     recording = Recording(adapter)
     engine = Engine(model, recording, watermark=0.05, preemption_mode="swap")  # type: ignore[arg-type]
     assert serve(engine, recording) == expected(model)
-    assert recording.refused == [] and {"can_swap_out", "blocks_to_hold", "allocate_slots"} <= recording.touched
+    assert recording.refused == [] and {"swap_out", "blocks_to_hold", "allocate_slots"} <= recording.touched
     adapter.check_invariants()
 
 
@@ -116,7 +116,7 @@ def test_the_implementations_claim_the_protocol(model) -> None:
     manager = BlockManager(8, 4)
     assert isinstance(manager, EngineBookkeeping) and not isinstance(manager, EngineAllocator)
     assert public_names(EngineBookkeeping) >= {"allocate_slots", "allocate_prompt", "blocks_to_hold"}
-    assert len(public_names(EngineBookkeeping)) <= 15 and len(public_names(PagedKVView)) <= 5
+    assert len(public_names(EngineBookkeeping)) <= 12 and len(public_names(PagedKVView)) <= 5
 
 
 def test_the_engine_refuses_an_object_outside_the_protocol(model) -> None:

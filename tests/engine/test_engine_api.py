@@ -269,7 +269,7 @@ def test_swapped_request_comes_back_when_the_allocator_says_it_fits(model, monke
     engine.step()
     engine.step()  # the forked request is swapped out
     assert any(r.status.value == "swapped" for r in engine.queue)
-    monkeypatch.setattr(alloc, "can_swap_in", lambda seq_id, **kw: False)
+    monkeypatch.setattr(alloc, "swap_in", lambda *seq_ids, **kw: None)  # never fits
     while engine.running:  # the first request finishes; the pool empties
         engine.step()
     assert [r.status.value for r in engine.queue] == ["swapped"]  # never let back in
@@ -379,15 +379,11 @@ def test_a_failure_half_way_through_a_swap_out_loses_no_request(model, monkeypat
     engine.add_request(first, 5)
     engine.add_request("fork", 3, n=2)
     engine.step()
-    real, calls = alloc.swap_out, []
 
-    def second_fails(seq_id):
-        calls.append(seq_id)
-        if len(calls) == 2:
-            raise RuntimeError("copy to host failed")
-        real(seq_id)
+    def copy_fails(device_ids, cpu_ids):  # the bookkeeping moved both samples; copying their K/V fails
+        raise RuntimeError("copy to host failed")
 
-    monkeypatch.setattr(alloc, "swap_out", second_fails)
+    monkeypatch.setattr(alloc.cache, "swap_out", copy_fails)
     with pytest.raises(RuntimeError, match="copy to host"):
         engine.step()  # preempting the forked request swaps its two samples out
     monkeypatch.undo()

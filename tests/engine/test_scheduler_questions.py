@@ -1,4 +1,5 @@
-"""The questions a scheduler asks the allocator: blocks_to_append, can_append, can_swap_in, watermark_blocks.
+"""What a scheduler asks the allocator (blocks_to_append, can_append, watermark_blocks) and its swap calls, which check
+and act in one (swap_in, swap_out: all or none, ``None`` changing nothing when they do not fit).
 
 Each answer must be what the act then does: the blocks predicted are the blocks taken.
 """
@@ -195,40 +196,61 @@ def test_can_append_refusals_are_typed_and_change_nothing():
     assert_same_state(before, snapshot(alloc))
 
 
-# ------------------------------------------------------------------ can_swap_in
-def test_can_swap_in_counts_every_held_block_and_the_watermark():
+# ------------------------------------------------------------------ swap_in checks and acts
+def declined(alloc, call):
+    """The call answers ``None`` and changes nothing."""
+    before = snapshot(alloc)
+    assert call() is None
+    assert_same_state(before, snapshot(alloc))
+
+
+def test_swap_in_counts_every_held_block_and_the_watermark():
     alloc = make(num_blocks=6, block_size=4, num_cpu_blocks=6)
     alloc.allocate_for_sequence(0, 4)
     alloc.append_block_to_sequence(0)  # 2 blocks for 4 tokens: both move
     alloc.swap_out(0)
     alloc.allocate_for_sequence(1, 12)  # 3 free
-    assert alloc.can_swap_in(0)
-    assert alloc.can_swap_in(0, watermark=1 / 6)  # 3 - 2 = 1 >= 1
-    assert not alloc.can_swap_in(0, watermark=0.2)  # needs 2 kept back
+    declined(alloc, lambda: alloc.swap_in(0, watermark=0.2))  # needs 2 kept back
     alloc.append_tokens(1, 4)  # 2 free
-    assert alloc.can_swap_in(0) and not alloc.can_swap_in(0, watermark=0.01)
+    declined(alloc, lambda: alloc.swap_in(0, watermark=0.01))
     alloc.append_tokens(1, 1)  # 1 free
-    assert not alloc.can_swap_in(0)
-    with pytest.raises(OutOfBlocksError):
-        alloc.swap_in(0)
+    declined(alloc, lambda: alloc.swap_in(0))
     alloc.free_sequence(1)
-    assert alloc.can_swap_in(0, watermark=4 / 6)
-    alloc.swap_in(0)
+    assert alloc.swap_in(0, watermark=4 / 6) is not None  # 6 - 2 = 4 >= 4
     assert alloc.num_free_blocks == 4
 
 
-def test_can_swap_in_refusals():
+def test_swap_in_of_several_is_all_or_none():
+    alloc = make(num_blocks=6, block_size=4, num_cpu_blocks=6)
+    for seq_id in (0, 1):
+        alloc.allocate_for_sequence(seq_id, 8)
+    alloc.swap_out(0, 1)
+    alloc.allocate_for_sequence(2, 12)  # 3 free: either fits alone, not both
+    declined(alloc, lambda: alloc.swap_in(0, 1))
+    alloc.free_sequence(2)
+    cpu_ids, device_ids = alloc.swap_in(1, 0)
+    assert len(cpu_ids) == len(device_ids) == 4 and alloc.seq_ids == (1, 0) and alloc.swapped_seq_ids == ()
+    alloc.check_invariants()
+
+
+def test_swap_in_refusals():
     alloc = make(num_cpu_blocks=2)
     alloc.allocate_for_sequence(0, 1)
+    alloc.allocate_for_sequence(1, 1)
+    alloc.swap_out(1)
     before = snapshot(alloc)
     with pytest.raises(SequenceStateError, match="not swapped out"):
-        alloc.can_swap_in(0)
+        alloc.swap_in(0)
+    with pytest.raises(SequenceStateError, match="not swapped out"):
+        alloc.swap_in(1, 0)
     with pytest.raises(UnknownSequenceError):
-        alloc.can_swap_in(3)
+        alloc.swap_in(3)
     with pytest.raises(InvalidTypeError):
-        alloc.can_swap_in(True)
+        alloc.swap_in(True)
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        alloc.swap_in(1, 1)
     with pytest.raises(InvalidArgumentError, match="watermark"):
-        alloc.can_swap_in(0, watermark=2)
+        alloc.swap_in(1, watermark=2)
     assert_same_state(before, snapshot(alloc))
 
 
@@ -274,12 +296,11 @@ def test_can_append_is_exactly_what_appending_takes(ops, grow, num_tokens, water
     alloc.check_invariants()
     if alloc.swapped_seq_ids:
         seq_id = alloc.swapped_seq_ids[0]
-        answer = alloc.can_swap_in(seq_id)
-        try:
-            alloc.swap_in(seq_id)
-            assert answer
-        except OutOfBlocksError:
-            assert not answer
+        fits = len(alloc.swapped_block_tables[seq_id]) <= alloc.num_free_blocks
+        before = snapshot(alloc)
+        assert (alloc.swap_in(seq_id) is not None) is fits
+        if not fits:
+            assert_same_state(before, snapshot(alloc))
 
 
 @settings(max_examples=200)
@@ -310,12 +331,13 @@ def test_can_append_around_one_shared_tail(holders, growers, spare, tail_fill, n
     alloc.check_invariants()
 
 
-# ------------------------------------------------------------------ can_swap_out
+# ------------------------------------------------------------------ swap_out checks and acts
 @settings(max_examples=150, deadline=None)
 @given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=4), forks=st.integers(0, 2),
        cpu_blocks=st.integers(0, 10))
-def test_can_swap_out_is_exactly_whether_swapping_them_all_works(lengths, forks, cpu_blocks):
-    """Shared blocks get a private CPU copy each: the answer is the act, for the whole group."""
+def test_swap_out_of_a_group_is_all_or_none(lengths, forks, cpu_blocks):
+    """Shared blocks get a private CPU copy each: the group goes when the CPU pool holds every block of every
+    member, else nothing changes (``None``)."""
     alloc = make(num_blocks=24, block_size=3, num_cpu_blocks=cpu_blocks)
     for seq_id, n in enumerate(lengths):
         alloc.allocate_for_sequence(seq_id, n)
@@ -323,37 +345,36 @@ def test_can_swap_out_is_exactly_whether_swapping_them_all_works(lengths, forks,
     for child in range(100, 100 + forks):
         alloc.fork(0, child)
         group.append(child)
+    fits = sum(len(alloc.get_block_mapping(s)) for s in group) <= cpu_blocks
     before = snapshot(alloc)
-    answer = alloc.can_swap_out(group)
-    assert_same_state(before, snapshot(alloc))
-    try:
-        for seq_id in group:
-            alloc.swap_out(seq_id)
-        worked = True
-    except OutOfBlocksError:
-        worked = False
-    assert answer is worked
+    moved = alloc.swap_out(*group)
+    if fits:
+        assert alloc.swapped_seq_ids == tuple(group) and alloc.seq_ids == ()
+        assert len(moved[0]) == len(moved[1]) == cpu_blocks - alloc.num_free_cpu_blocks
+    else:
+        assert moved is None
+        assert_same_state(before, snapshot(alloc))
     alloc.check_invariants()
 
 
-def test_can_swap_out_refusals_are_typed_and_change_nothing():
+def test_swap_out_refusals_are_typed_and_change_nothing():
     alloc = make(num_cpu_blocks=4)
     alloc.allocate_for_sequence(0, 5)
     alloc.allocate_for_sequence(1, 2)
     alloc.swap_out(1)
     before = snapshot(alloc)
     with pytest.raises(UnknownSequenceError, match="7"):
-        alloc.can_swap_out([0, 7])
+        alloc.swap_out(0, 7)
     with pytest.raises(SequenceStateError, match="swapped out"):
-        alloc.can_swap_out([1])
+        alloc.swap_out(1)
     with pytest.raises(InvalidArgumentError, match="twice"):
-        alloc.can_swap_out([0, 0])
+        alloc.swap_out(0, 0)
     with pytest.raises(InvalidTypeError):
-        alloc.can_swap_out(0)
+        alloc.swap_out([0])
     with pytest.raises(InvalidTypeError):
-        alloc.can_swap_out([True])
+        alloc.swap_out(True)
     assert_same_state(before, snapshot(alloc))
-    assert alloc.can_swap_out([]) and alloc.can_swap_out([0])
+    assert alloc.swap_out() == ([], [])
 
 
 # ------------------------------------------------------------------ can_allocate_many
@@ -409,13 +430,13 @@ def test_can_allocate_many_refusals_are_typed_and_change_nothing():
     assert_same_state(before, snapshot(alloc))
 
 
-# ------------------------------------------------------------------ can_ever_fit
-def test_can_ever_fit_asks_of_the_whole_pool_not_of_what_is_free():
+# ------------------------------------------------------------------ blocks_to_hold
+def test_blocks_to_hold_asks_of_the_whole_pool_not_of_what_is_free():
     alloc = make(num_blocks=10, block_size=4)
     alloc.allocate_for_sequence(0, 36)  # 9 of 10 blocks held: irrelevant to "ever"
-    assert alloc.can_ever_fit(40) and not alloc.can_ever_fit(41)
-    assert alloc.can_ever_fit(20, num_seqs=2) and not alloc.can_ever_fit(21, num_seqs=2)
+    assert alloc.blocks_to_hold(40) == 10 and alloc.blocks_to_hold(41) == 11
+    assert alloc.blocks_to_hold(20, num_seqs=2) == 10 and alloc.blocks_to_hold(21, num_seqs=2) == 12
     assert alloc.blocks_to_hold(21, num_seqs=2, watermark=0.1) == 2 * 6 + 1
-    assert not alloc.can_ever_fit(40, watermark=0.01)
+    assert alloc.blocks_to_hold(40, watermark=0.01) == 11
     with pytest.raises(InvalidArgumentError, match="num_seqs"):
-        alloc.can_ever_fit(4, num_seqs=0)
+        alloc.blocks_to_hold(4, num_seqs=0)

@@ -1,4 +1,4 @@
-"""``append_tokens_batch`` and the chunked-prefill questions (``appendable_tokens``, ``cached_prefix_tokens``).
+"""``append_tokens_batch``, ``allocate_prompt`` of a resident sequence (its next chunk), ``cached_prefix_tokens``.
 
 A batch grows exactly as one ``append_tokens`` per sequence would; a refused batch changes
 nothing; each question's answer is what the act then does.
@@ -138,20 +138,20 @@ def test_a_batch_copies_a_shared_tail_once_per_writer_but_the_last():
     shared=st.booleans(),
     watermark=st.sampled_from([0.0, 0.2]),
 )
-def test_appendable_tokens_is_the_most_can_append_allows(length, free_extra, up_to, shared, watermark):
+def test_a_prompt_chunk_grows_by_the_most_can_append_allows(length, free_extra, up_to, shared, watermark):
     alloc = make(cdiv(length, 4) * (2 if shared else 1) + free_extra + 1, 4)
-    alloc.allocate_for_sequence(0, length)
+    prompt = list(range(length + up_to))
+    alloc.allocate_for_sequence(0, length, token_ids=prompt[:length])
     if shared:
         alloc.fork(0, 1)
-    n = alloc.appendable_tokens(0, up_to, watermark=watermark)
-    assert 0 <= n <= up_to
-    if n:
-        assert alloc.can_append([0], n, watermark=watermark)
-    if n < up_to:
-        assert not alloc.can_append([0], n + 1, watermark=watermark)
-    if n and watermark == 0.0:
-        alloc.append_tokens(0, n)  # and the act takes it
-        alloc.check_invariants()
+    fits = [n for n in range(up_to + 1) if alloc.can_append([0], n, watermark=watermark)]
+    before = snapshot(alloc)
+    held = alloc.allocate_prompt(0, prompt, max_new_tokens=up_to, watermark=watermark)
+    n = alloc.get_num_tokens(0) - length
+    assert held == (length if n else None) and n == max(fits, default=0)  # the most that fits, or None
+    if held is None:
+        assert_same_state(before, snapshot(alloc))
+    alloc.check_invariants()
 
 
 def test_cached_prefix_tokens_is_what_allocation_then_finds():

@@ -56,7 +56,9 @@ BOOL_IDS = [
     ("swap_in", lambda a: a.swap_in(True)),
     ("blocks_to_append", lambda a: a.blocks_to_append(True)),
     ("can_append", lambda a: a.can_append([True])),
-    ("can_swap_in", lambda a: a.can_swap_in(True)),
+    ("swap_out of several", lambda a: a.swap_out(1, True)),
+    ("swap_in of several", lambda a: a.swap_in(2, True)),
+    ("allocate_prompt", lambda a: a.allocate_prompt(True, [1])),
     ("allocate", lambda a: a.allocate_for_sequence(True, 1)),
     ("token id", lambda a: a.append_tokens(1, 2, token_ids=[3, True])),
 ]
@@ -97,6 +99,10 @@ BAD_VALUES = [
     ("salt", lambda a: a.allocate_for_sequence(5, 1, extra_key=3), InvalidTypeError, "extra_key"),
     ("watermark", lambda a: a.can_allocate(1, watermark=-1), InvalidArgumentError, "watermark"),
     ("swapped resident", lambda a: a.swap_in(1), SequenceStateError, "not swapped out"),
+    ("swap in twice", lambda a: a.swap_in(2, 2), InvalidArgumentError, "twice"),
+    ("swap out twice", lambda a: a.swap_out(1, 1), InvalidArgumentError, "twice"),
+    ("next chunk of another prompt", lambda a: a.allocate_prompt(1, [9] * 8), InvalidArgumentError, "do not begin"),
+    ("chunk shorter than held", lambda a: a.allocate_prompt(1, [0, 1]), InvalidArgumentError, "do not begin"),
     ("swapped append", lambda a: a.append_tokens(2), SequenceStateError, "swapped out"),
     ("free type", lambda a: a.free_sequence("1"), InvalidTypeError, "seq_id"),
 ]

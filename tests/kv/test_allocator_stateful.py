@@ -156,7 +156,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         a = self.alloc
         seq_id = self._pick(data, self.tokens)
         if len(a.get_block_mapping(seq_id)) > a.stats().cpu_free_blocks:
-            self._expect_failure(lambda: a.swap_out(seq_id), OutOfBlocksError)
+            before = snapshot(a)
+            assert a.swap_out(seq_id) is None  # refused: nothing changed
+            assert_same_state(before, snapshot(a))
             return
         a.swap_out(seq_id)
         self.swapped[seq_id] = self.tokens.pop(seq_id)
@@ -167,9 +169,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         a = self.alloc
         seq_id = self._pick(data, self.swapped)
         n = a.blocks_needed(len(self.swapped[seq_id]))
-        assert a.can_swap_in(seq_id) is (n <= a.num_free_blocks)
         if n > a.num_free_blocks:
-            self._expect_failure(lambda: a.swap_in(seq_id), OutOfBlocksError)
+            before = snapshot(a)
+            assert a.swap_in(seq_id) is None  # refused: nothing changed
+            assert_same_state(before, snapshot(a))
             return
         a.swap_in(seq_id)
         self.tokens[seq_id] = self.swapped.pop(seq_id)

@@ -340,8 +340,7 @@ def test_swap_refusals_change_nothing():
     alloc = make(num_blocks=4, block_size=4, num_cpu_blocks=1)
     alloc.allocate_for_sequence(1, 8)
     before = snapshot(alloc)
-    with pytest.raises(OutOfBlocksError, match="out of CPU blocks to swap out sequence 1: need 2, only 1 free"):
-        alloc.swap_out(1)
+    assert alloc.swap_out(1) is None  # it needs 2 CPU blocks, 1 is free
     with pytest.raises(SequenceStateError, match="not swapped out"):
         alloc.swap_in(1)
     with pytest.raises(UnknownSequenceError):
@@ -352,8 +351,7 @@ def test_swap_refusals_change_nothing():
     alloc.swap_out(2)
     alloc.allocate_for_sequence(3, 16)  # the device is full
     before = snapshot(alloc)
-    with pytest.raises(OutOfBlocksError, match="swap in sequence 2: need 1, only 0 free"):
-        alloc.swap_in(2)
+    assert alloc.swap_in(2) is None  # it needs 1 block, none is free
     with pytest.raises(DuplicateSequenceError):
         alloc.allocate_for_sequence(2, 1)
     assert_same_state(before, snapshot(alloc))

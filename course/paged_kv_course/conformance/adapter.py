@@ -30,7 +30,7 @@ import torch
 from paged_kv_lib._validate import as_count, as_iterable, as_seq_id
 from paged_kv_lib.block import Block, BlockTable, blocks_needed
 from paged_kv_lib.block_manager import blocks_to_hold, growth_demand, room_to_grow, watermark_blocks
-from paged_kv_lib.errors import DuplicateSequenceError, InvalidArgumentError, OutOfBlocksError, SequenceStateError
+from paged_kv_lib.errors import DuplicateSequenceError, InvalidArgumentError, SequenceStateError
 from paged_kv_lib.errors import UnknownSequenceError
 from paged_kv_lib.kv_cache import KVCache, padded_block_tables
 from paged_kv_lib.model import TinyTransformer
@@ -141,19 +141,6 @@ class LearnerBackedAllocator:
         needed = sum(blocks_needed(n, self.block_size) for n in as_iterable(num_tokens, "num_tokens"))
         return self.num_free_blocks - needed >= watermark_blocks(watermark, self.num_blocks)
 
-    def appendable_tokens(self, seq_id: int, up_to: int, *, watermark: float = 0.0) -> int:
-        """The most tokens, at most ``up_to``, the sequence can grow by now (a prompt chunk's growth)."""
-        spare = self.num_free_blocks - watermark_blocks(watermark, self.num_blocks)
-        return room_to_grow(self._resident(seq_id), as_count(up_to, "up_to"), spare, self.block_size, self._blocks)
-
-    def can_swap_in(self, seq_id: int, *, watermark: float = 0.0) -> bool:
-        cpu_ids, _ = self._swapped_out(seq_id)
-        return self.num_free_blocks - len(cpu_ids) >= watermark_blocks(watermark, self.num_blocks)
-
-    def can_swap_out(self, seq_ids: Iterable[int]) -> bool:
-        tables = [self._resident(s) for s in self._distinct(seq_ids, "can_swap_out")]
-        return sum(len(t) for t in tables) <= len(self._cpu_free)
-
     def reset_prefix_cache(self) -> int:
         """Nothing to forget: the library caches no content for a learner's object."""
         return 0
@@ -162,13 +149,25 @@ class LearnerBackedAllocator:
     def allocate_prompt(self, seq_id: int, prompt: Sequence[int], *, max_new_tokens: Optional[int] = None,
                         watermark: float = 0.0) -> Optional[int]:
         """Admit a prompt's cached prefix and ``max_new_tokens`` more of its tokens (all by default) through the
-        learner's object, as the protocol asks; ``None`` (nothing asked of the learner) when that may not fit.
+        learner's object, as the protocol asks, or grow a resident sequence by as many of its prompt's next
+        ``max_new_tokens`` tokens as fit (the block manager's ``room_to_grow``); ``None`` (nothing asked of the
+        learner) when that may not fit.
 
         The learner's object tells its hits only once it has allocated, so it is asked for the first
         ``max_new_tokens`` tokens, then grown by the ones its hits leave room for; the room is checked before,
         for the most both calls can take (hits sit inside the first part, so at most ``2 * max_new_tokens``)."""
         n = len(prompt)
         first = n if max_new_tokens is None else min(n, as_count(max_new_tokens, "max_new_tokens"))
+        if seq_id in self._tables:  # the next chunk
+            held = self._tables[seq_id].num_tokens
+            if held > n:
+                raise InvalidArgumentError(f"sequence {seq_id} holds tokens that do not begin this prompt")
+            spare = self.num_free_blocks - watermark_blocks(watermark, self.num_blocks)
+            grow = room_to_grow(self._tables[seq_id], min(first, n - held), spare, self.block_size, self._blocks)
+            if grow == 0:
+                return None
+            self.append_tokens(seq_id, grow)
+            return held
         most = n if max_new_tokens is None else min(n, 2 * first)
         if not self.can_allocate_many([most], watermark=watermark):
             return None
@@ -273,28 +272,38 @@ class LearnerBackedAllocator:
         self._uninstall(seq_id)
         self._check_free_count(f"free_sequence({seq_id})")
 
-    def swap_out(self, seq_id: int) -> None:
-        """Copy the sequence's K/V to the CPU pool, then free it in the learner's object."""
-        table = self._resident(seq_id)
-        if not self.can_swap_out([seq_id]):
-            raise OutOfBlocksError(len(table), len(self._cpu_free), f"swap out sequence {seq_id}", pool="CPU")
-        cpu_ids = self._cpu_free[: len(table)]
-        del self._cpu_free[: len(table)]
-        self.cache.swap_out(table.block_ids, cpu_ids)
-        self.free_sequence(seq_id)
-        self._swapped[seq_id] = (cpu_ids, table.num_tokens)
+    def swap_out(self, *seq_ids: int) -> Optional[List[int]]:
+        """Copy the sequences' K/V to the CPU pool, then free each in the learner's object, all or none; returns
+        the CPU blocks taken, or ``None`` (nothing changed) when the CPU pool cannot hold them all."""
+        tables = [self._resident(s) for s in self._distinct(seq_ids, "swap_out")]
+        if sum(len(t) for t in tables) > len(self._cpu_free):
+            return None
+        taken: List[int] = []
+        for seq_id, table in zip(seq_ids, tables):
+            cpu_ids = self._cpu_free[: len(table)]
+            del self._cpu_free[: len(table)]
+            self.cache.swap_out(table.block_ids, cpu_ids)
+            self.free_sequence(seq_id)
+            self._swapped[seq_id] = (cpu_ids, table.num_tokens)
+            taken += cpu_ids
+        return taken
 
-    def swap_in(self, seq_id: int) -> List[int]:
-        """Allocate the sequence again through the learner's object and copy its K/V back."""
-        cpu_ids, length = self._swapped_out(seq_id)
-        if not self.can_swap_in(seq_id):
-            raise OutOfBlocksError(len(cpu_ids), self.num_free_blocks, f"swap in sequence {seq_id}")
-        del self._swapped[seq_id]
-        self.allocate_for_sequence(seq_id, length)
-        device_ids = self._tables[seq_id].block_ids
-        self.cache.swap_in(cpu_ids, device_ids)
-        self._cpu_free.extend(cpu_ids)
-        return list(device_ids)
+    def swap_in(self, *seq_ids: int, watermark: float = 0.0) -> Optional[List[int]]:
+        """Allocate the sequences again through the learner's object and copy their K/V back, all or none, leaving
+        the watermark free; returns the device blocks, or ``None`` (nothing changed) when they do not fit."""
+        held = [self._swapped_out(s) for s in self._distinct(seq_ids, "swap_in")]
+        if self.num_free_blocks - sum(len(cpu_ids) for cpu_ids, _ in held) < watermark_blocks(watermark,
+                                                                                             self.num_blocks):
+            return None
+        placed: List[int] = []
+        for seq_id, (cpu_ids, length) in zip(seq_ids, held):
+            del self._swapped[seq_id]
+            self.allocate_for_sequence(seq_id, length)
+            device_ids = self._tables[seq_id].block_ids
+            self.cache.swap_in(cpu_ids, device_ids)
+            self._cpu_free.extend(cpu_ids)
+            placed += device_ids
+        return placed
 
     def check_invariants(self) -> None:
         """Re-read every mapping and the free count from the learner's object and compare."""
