@@ -158,7 +158,6 @@ def check_reply(document: Any) -> None:
         raise WireError(f"a message nested deeper than {MAX_DEPTH}") from None
     except fastjsonschema.JsonSchemaException:
         pass
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # an IRI parser built at import (1.3 s)
     import jsonschema
 
     try:
