@@ -171,6 +171,17 @@ def test_a_plain_function_instead_of_a_kernel_fails_with_the_error():
         check_fold_tile(not_a_kernel)
 
 
+def test_a_wrong_merge_shows_its_states_laid_out_on_lines_not_as_a_quoted_string():
+    def keeps_the_first(a, b):
+        return a
+
+    with pytest.raises(AssertionError) as failure:
+        check_merge_softmax_states(keeps_the_first)
+    text = str(failure.value)
+    assert "merge_softmax_states(a=(m=" in text and "\n l=" in text and "\n acc=" in text
+    assert "\\n" not in text and "'(m=" not in text, "a state quoted as a string, its line breaks escaped"
+
+
 # --------------------------------------------------------------------------- the check's own parts
 def test_the_torch_replay_without_a_mistake_is_the_reference():
     for case in kernel_check._cases():

@@ -20,7 +20,7 @@ import difflib
 import inspect
 import textwrap
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._common import CheckFailure, under_judge
 
@@ -111,10 +111,9 @@ def repair_distance(spec: Given, learner_source: str) -> Tuple[int, str]:
     return total, f"the methods {', '.join(spec.methods)} against {spec.given_name}'s"
 
 
-# The judge sets this, before each check cell, to a function giving the solution cell text of that cell's own
-# task (official grading: the learner's objects are out of reach there); in a notebook the text is read from
-# the objects themselves.
-SOURCE_OF: Optional[Callable[[str], str]] = None
+# The judge sets this, before each check cell, to the solution cell text of that cell's own task (official
+# grading: the learner's objects are out of reach there); in a notebook the text is read from the objects.
+SOURCE_OF: Optional[str] = None
 
 
 def source_text(value: Any) -> str:
@@ -134,7 +133,7 @@ def solution_source(task: str, value: Any) -> Optional[str]:
     """The text a check reads for ``task``: the solution cell the judge holds under official grading
     (None where no judge set :data:`SOURCE_OF`), else the source of the learner's object itself."""
     if under_judge(value):
-        return SOURCE_OF(task) if SOURCE_OF is not None else None
+        return SOURCE_OF
     try:
         return source_text(value)
     except (OSError, TypeError) as exc:

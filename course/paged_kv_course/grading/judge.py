@@ -187,9 +187,8 @@ def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
         for index, cell in enumerate(cells):
             tell({"cell": index})
             # A check that reads the solution's text (a repair's line count) reads its own task's cell.
-            own = "\n\n".join(str(c["source"]) for c in cells
-                               if c.get("role") == "solution" and c.get("task") == cell.get("task"))
-            _common_repair.SOURCE_OF = lambda _task, text=own: text
+            _common_repair.SOURCE_OF = "\n\n".join(str(c["source"]) for c in cells
+                                                     if c.get("role") == "solution" and c.get("task") == cell.get("task"))
             entry = _run_cell(index, cell, session, known, timeout)
             # learner text reaches reports, gradebooks and Gradescope from here: no control characters
             entry["line"], entry["detail"] = wire.escape(entry["line"]), wire.escape(entry["detail"], limit=20000)
