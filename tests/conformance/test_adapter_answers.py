@@ -8,7 +8,7 @@ picks different block ids. A rule restated differently in the adapter would show
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from paged_kv_lib.block_manager import BlockManager
@@ -82,6 +82,9 @@ def answers(target, resident, swapped) -> dict:
 
 @settings(max_examples=120, deadline=None)
 @given(ops=OPS)
+# Found in CI: 3 blocks free, 2 kept back, a new prompt's first 3 tokens (one block) fit; the adapter
+# checked room for twice that, as it must only where a learner's prefix cache may add hits.
+@example(ops=[("allocate", 0, 0), ("chunk", 0, 25), ("prompt", 1, 4)])
 def test_the_adapter_and_the_block_manager_answer_alike(ops):
     manager = BlockManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=False, num_cpu_blocks=CPU_BLOCKS)
     adapter = engine_for(MODEL, BookkeepingAllocator(NUM_BLOCKS, BLOCK_SIZE), num_cpu_blocks=CPU_BLOCKS,

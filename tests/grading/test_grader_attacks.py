@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -489,10 +490,20 @@ def test_as_an_unprivileged_user_a_batch_of_attacks_earns_nothing(tmp_path):
         python = Path(sys.executable)
         prefix = Path(sys.base_prefix).resolve()
         outer = [shutil.which("bwrap"), "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--perms", "0755", "--tmpfs", "/root"]
-        for parent in reversed(prefix.parents):
-            if parent != Path("/") and parent != Path("/root") and Path("/root") in parent.parents:
-                outer += ["--perms", "0755", "--dir", str(parent)]
-        outer += ["--ro-bind", str(prefix), str(prefix),
+        # The virtual environment too: the checkout holding it may sit in a folder nobody cannot enter (mktemp -d,
+        # mode 700), which is then hidden under an empty tmpfs, the environment alone bound back.
+        venv = Path(sys.prefix).resolve()
+        hidden = [Path("/root")]
+        closed = next((p for p in reversed(venv.parents) if p != Path("/") and not p.stat().st_mode & 0o001), None)
+        if closed is not None and not any(h in (closed, *closed.parents) for h in hidden):
+            hidden.append(closed)
+            outer += ["--perms", "0755", "--tmpfs", str(closed)]
+        for root in (prefix, venv):
+            for parent in reversed(root.parents):  # the folders leading to it inside a hidden one, made afresh
+                if parent not in hidden and any(h in parent.parents for h in hidden):
+                    outer += ["--perms", "0755", "--dir", str(parent)]
+            outer += ["--ro-bind", str(root), str(root)]
+        outer += [
                  "--die-with-parent", "--",  # (the host's /proc stays: a nested bwrap needs one to mount its own)
                  "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--",
                  str(python), "-m", "paged_kv_lib.cli", "grade", "--batch", str(folder), "--csv", str(gradebook),
@@ -504,6 +515,13 @@ def test_as_an_unprivileged_user_a_batch_of_attacks_earns_nothing(tmp_path):
                         ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copytree(Path(__file__).resolve().parents[2] / "course" / "paged_kv_course", src / "paged_kv_course",
                         ignore=shutil.ignore_patterns("__pycache__"))
+        # ... and the course's installed metadata with it: `paged-kv grade` is found through the course package's
+        # entry points, which live with the install (in the checkout's .venv, out of nobody's reach there too).
+        course_dist = importlib.metadata.distribution("paged-kv-course")
+        info = src / f"paged_kv_course-{course_dist.version}.dist-info"
+        info.mkdir()
+        for name in ("METADATA", "entry_points.txt"):
+            (info / name).write_text(course_dist.read_text(name) or "", encoding="utf-8")
         for path in [src, *src.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "TRITON_INTERPRET": "1",

@@ -70,3 +70,18 @@ def test_another_copy_of_the_course_on_the_path_is_never_bound(tmp_path, monkeyp
     paths = sandbox.python_paths()
     assert not any(p == other or other in p.parents for p in paths), paths
     assert plain in paths, "a plain folder on the path (the course's checks) is still bound"
+
+
+def test_a_folder_that_holds_the_environment_is_not_bound_the_environment_is(tmp_path, monkeypatch):
+    """A checkout whose .venv runs the grader, its root on sys.path through an editable install's .pth but
+    holding no package here (the unprivileged-user test's view, where the checkout sits in a private folder):
+    binding that root would expose the checkout, and a hidden folder above it would drop the environment
+    with it (the kernel then had no Python: "execvp .venv/bin/python: No such file")."""
+    holder = tmp_path / "checkout"
+    venv = holder / ".venv"
+    venv.mkdir(parents=True)
+    monkeypatch.setattr(sandbox.sys, "prefix", str(venv))
+    monkeypatch.syspath_prepend(str(holder))
+    paths = sandbox.python_paths()
+    assert holder not in paths, paths
+    assert venv.resolve() in paths, paths

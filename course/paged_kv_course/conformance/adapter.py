@@ -155,7 +155,8 @@ class LearnerBackedAllocator:
 
         The learner's object tells its hits only once it has allocated, so it is asked for the first
         ``max_new_tokens`` tokens, then grown by the ones its hits leave room for; the room is checked before,
-        for the most both calls can take (hits sit inside the first part, so at most ``2 * max_new_tokens``)."""
+        for the most both calls can take (hits sit inside the first part, so at most ``2 * max_new_tokens``;
+        without prefix caching there are no hits, and the room is that of the first part, as the manager's)."""
         n = len(prompt)
         first = n if max_new_tokens is None else min(n, as_count(max_new_tokens, "max_new_tokens"))
         if seq_id in self._tables:  # the next chunk
@@ -168,7 +169,7 @@ class LearnerBackedAllocator:
                 return None
             self.append_tokens(seq_id, grow)
             return held
-        most = n if max_new_tokens is None else min(n, 2 * first)
+        most = n if max_new_tokens is None else min(n, 2 * first if self.prefix_caching else first)
         if not self.can_allocate_many([most], watermark=watermark):
             return None
         cached = self.allocate_for_sequence(seq_id, first, token_ids=list(prompt[:first]))

@@ -143,6 +143,8 @@ def python_paths() -> List[Path]:
             continue  # the checkout's own folders (tests/, exercises/...) stay out
         if any((path / name).exists() for name in (".git", "paged_kv_lib", "paged_kv_course")):
             continue  # another copy of the course (an editable install's .pth names its root): staged apart
+        if any(_covers(path, p) and path != p for p in prefixes):
+            continue  # a folder holding the environment (a checkout with its .venv): the environment goes alone
         found.append(path)
     out: List[Path] = []
     for path in sorted(set(found), key=lambda p: len(p.parts)):
