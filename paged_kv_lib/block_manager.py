@@ -714,7 +714,8 @@ class BlockManager:
             if len(table.block_ids) == least + 1 and table.num_tokens % self.block_size:
                 raise InvariantError(f"sequence {seq_id} reserved a block while its last one has room")
             if table.token_ids is not None and len(table.token_ids) != table.num_tokens:
-                raise InvariantError(f"seq {seq_id} holds {len(table.token_ids)} token ids for {table.num_tokens} tokens")
+                raise InvariantError(f"sequence {seq_id} holds {len(table.token_ids)} token ids for "
+                                     f"{table.num_tokens} tokens")
             if table.token_ids is not None and len(table.block_keys) != table.num_tokens // self.block_size:
                 raise InvariantError(f"sequence {seq_id} has {len(table.block_keys)} keys for its full blocks")
         for table in self._tables.values():

@@ -39,11 +39,10 @@ def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[by
 
 
 def extend_chain(keys: List[bytes], token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes]) -> None:
-    """Append to ``keys`` (those of the first full blocks of ``token_ids``) the keys of the blocks filled since:
-    :func:`block_key` of each, written out (a decode step keys a block here whenever one fills)."""
-    parent, salt = keys[-1] if keys else ROOT_KEY, framed(extra_key)
+    """Append to ``keys`` (those of the first full blocks of ``token_ids``) the keys of the blocks filled since."""
+    parent = keys[-1] if keys else None
     for start in range(len(keys) * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = sha256(parent + salt + array("q", token_ids[start : start + block_size]).tobytes()).digest()
+        parent = block_key(parent, token_ids[start : start + block_size], extra_key)
         keys.append(parent)
 
 
