@@ -72,9 +72,10 @@ test-course: install
 	$(PY) -m pytest $(COURSE_XDIST) $(COURSE_TESTS)
 	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)
 
-## While working on the library: its tests without the slow ones (listed in tests/conftest.py), under a minute.
+## While working on the library: its tests without the slow ones (listed in tests/conftest.py), under a minute
+## of CPU. One process: a second xdist worker would import torch and collect everything again (11 s of CPU).
 test-fast: install
-	$(PY) -m pytest -n $(JOBS) -p no:nbval -m "not slow" $(LIBRARY_TESTS)
+	$(PY) -m pytest -p no:nbval -m "not slow" $(LIBRARY_TESTS)
 
 test-notebooks: install
 	$(PY) -m pytest $(XDIST) lessons exercises/solutions $(NBVAL)

@@ -78,6 +78,8 @@ SLOW_TESTS = {
     "exercises/test_checks_06.py::test_allocator_conforms_correct",
     "exercises/test_checks_08.py::test_memory_parts_correct",
     "test_simulate_cli.py::test_plot_is_written",
+    "blocks/test_growth.py::TestBatchTwinMachine::runTest",  # a state machine, 150 runs of 40 steps
+    "benchmarks/test_engine_versions.py::test_a_tree_against_itself_prints_rounds_and_a_paired_median",  # a subprocess
 }
 
 
