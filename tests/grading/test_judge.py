@@ -481,3 +481,50 @@ def test_nothing_on_either_side_of_the_boundary_reads_or_writes_a_pickle():
     for name in ("wire.py", "runner.py", "remote.py", "judge.py", "judge_process.py", "probes.py"):
         text = (folder / name).read_text(encoding="utf-8")
         assert "import pickle" not in text and "pickle.loads" not in text, name
+
+
+METHOD_CHECKS = '''
+def check_calls(Tally):
+    tally = Tally()
+    assert [tally.bump(i) for i in range(5)] == [0, 1, 3, 6, 10]
+    other = Tally()
+    assert other.bump(7) == 7 and tally.total == 10, "each object answers for itself"
+    tally.freeze()  # bump becomes a plain int on this object
+    try:
+        tally.bump(1)
+    except TypeError:
+        print("PASSED 7")
+'''
+
+METHOD_LEARNER = '''
+class Tally:
+    def __init__(self):
+        self.total = 0
+    def bump(self, n):
+        self.total += n
+        return self.total
+    def freeze(self):
+        self.bump = self.total
+'''
+
+
+def test_a_method_called_again_is_one_request_and_answers_as_a_lookup_and_a_call(tmp_path, monkeypatch):
+    """After one lookup shows ``obj.name`` is a bound method, each later call is one request (the kernel looks it
+    up and calls it), not two; a method the learner's object replaced by data raises TypeError, as calling the
+    looked-up value would."""
+    from paged_kv_course.grading import remote
+
+    (tmp_path / "method_checks.py").write_text(textwrap.dedent(METHOD_CHECKS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("method_checks", None)
+    ops = []
+    request = remote.Caller.request
+    monkeypatch.setattr(remote.Caller, "request", lambda self, op, *a, **k: (ops.append(op), request(self, op, *a, **k))[1])
+    outcomes = run(tmp_path, [("from method_checks import check_calls", None, None),
+                              (METHOD_LEARNER, "99.1", "solution"), ("check_calls(Tally)", "99.1", "check")])
+    assert outcomes[2] == ("passed", ""), outcomes
+    calls = ops[ops.index("global"):]
+    # Tally(), bump looked up and called, 4 more calls of it, another object's bump (looked up: its own
+    # handle), total read, freeze looked up and called, then bump once more: one request
+    assert calls == ["global", "call", "getattr", "call"] + ["method"] * 4 + ["call", "getattr", "call", "getattr",
+                                                                             "getattr", "call", "method"], calls
