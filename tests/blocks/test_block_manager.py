@@ -176,6 +176,25 @@ def test_bad_calls_raise_typed_errors_and_change_nothing(name, call, exc, msg):
     m.check_invariants()
 
 
+@pytest.mark.parametrize("call, exc, msg", [
+    (lambda m: m.swap_in(1, 1), InvalidArgumentError, "twice"),
+    (lambda m: m.swap_in(1, 9), UnknownSequenceError, "9"),
+    (lambda m: m.swap_in(1, 0), SequenceStateError, "not swapped out"),
+    (lambda m: m.swap_in(True), InvalidTypeError, "bool"),
+], ids=["repeated", "unknown", "resident", "bool id"])
+def test_a_bad_swap_in_raises_a_typed_error_and_brings_nothing_back(call, exc, msg):
+    m = BlockManager(6, 4, num_cpu_blocks=4)
+    m.allocate_for_sequence(0, 5)
+    m.allocate_for_sequence(1, 3)
+    m.swap_out(1)
+    before = snapshot(m)
+    with pytest.raises(exc, match=msg):
+        call(m)
+    assert_same_state(before, snapshot(m))
+    assert m.is_swapped(1)
+    m.check_invariants()
+
+
 class ManagerMachine(RuleBasedStateMachine):
     """Every act of the block manager against a model of each sequence's length and content."""
 
