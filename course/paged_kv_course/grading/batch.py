@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .grader import DEFAULT_CELL_TIMEOUT_S, CheckResult, GradeReport, TaskResult, grade_notebook
+from .grader import DEFAULT_TIMEOUT_S, CheckResult, GradeReport, TaskResult, grade_notebook
 
 GRADEBOOK_COLUMNS = ("learner", "notebook", "task", "points", "passed", "earned", "failure", "path", "flag")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -265,7 +265,7 @@ def grade_bounded(
     course: Optional[Union[str, Path]] = None,
     timeout: float = SUBMISSION_TIMEOUT_S,
     pristine: Optional[Union[str, Path]] = None,
-    cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
+    cell_timeout: float = DEFAULT_TIMEOUT_S,
     sandbox_mode: str = "auto",
     hidden: Sequence[Path] = (),
     pristine_nb: Any = None,
@@ -406,7 +406,7 @@ def load_pristines(
 def grade_batch(
     submissions: Sequence[Submission],
     pristine: Optional[Union[str, Path]] = None,
-    cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
+    cell_timeout: float = DEFAULT_TIMEOUT_S,
     jobs: Optional[int] = None,
     progress: bool = True,
     course: Optional[Path] = None,

@@ -48,14 +48,12 @@ from .pristine import (
 from .splice import _defined_names, built_on, splice, splice_cells, ungraded_code
 
 __all__ = [
-    "CheckResult", "DEFAULT_CELL_TIMEOUT_S", "GradeReport", "GradingError", "InputError", "KERNEL_STARTUP_TIMEOUT_S", "PristineNotFoundError",
+    "CheckResult", "DEFAULT_TIMEOUT_S", "GradeReport", "GradingError", "InputError", "KERNEL_STARTUP_TIMEOUT_S", "PristineNotFoundError",
     "TaskResult", "EXERCISE_NAME", "check_exercise_name", "default_search", "exercise_name", "find_course",
     "find_pristine", "find_tasks_lenient", "grade_notebook", "is_solution_notebook", "load_pristine",
     "prepare_for_run", "run_judge", "score", "splice", "splice_cells", "submission_exercise", "ungraded_code",
     "_defined_names", "_pristine_source",
 ]
-
-DEFAULT_CELL_TIMEOUT_S = DEFAULT_TIMEOUT_S  # the old name (batch, Gradescope): now the whole submission's limit
 
 
 def read_submission(path: Path) -> NotebookNode:
