@@ -266,11 +266,12 @@ class _Method:
     (``method``: the kernel looks it up and calls it) instead of two, a lookup and a call. The differential
     checks call methods thousands of times per submission."""
 
-    __slots__ = ("_owner", "_name", "_kind")
+    __slots__ = ("_owner", "_name")
     __paged_kv_stand_in__ = True
+    _kind = "builtins.method"  # what paged_kv_course.stand_in reads
 
     def __init__(self, owner: Remote, name: str) -> None:
-        self._owner, self._name, self._kind = owner, name, "builtins.method"
+        self._owner, self._name = owner, name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._owner._ask("method", self._name, args, kwargs)

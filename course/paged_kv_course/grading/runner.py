@@ -3,8 +3,9 @@
 The grader starts this program (inside the sandbox) with two pipes. It runs code cells in
 an IPython shell, as a notebook kernel would, and answers requests made of plain data
 (:mod:`.wire`): look up a global, call something, call a method by name, read or set an
-attribute, apply a builtin (``len``, indexing...). Objects that are not data stay here behind integer handles
-(one handle per object, so equal handles are one object: how the judge sees aliasing).
+attribute, apply a builtin (``len``, indexing...). Objects that are not data stay here behind
+integer handles (one handle per object, so equal handles are one object: how the judge sees
+aliasing).
 An object the judge serves (an instrument, a spy, the model of 05.3) is a :class:`_Served`
 here: using it asks the judge, which does the work and keeps the record.
 
