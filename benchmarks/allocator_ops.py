@@ -88,7 +88,7 @@ def library_per_step(trace: Trace, steps, block_size: int, num_blocks: int, cach
         for s, (token,) in zip(ids, tokens):  # the step's sampled tokens join their sequences
             outputs[s].append(token)
         if caching:
-            placed = grow(ids, 1, token_ids=[outputs[s][-1:] for s in ids])
+            placed = grow(ids, 1, token_ids=[outputs[s][-1] for s in ids])
         else:
             placed = grow(ids)
         elapsed += time.perf_counter() - t0

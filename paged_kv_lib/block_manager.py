@@ -32,9 +32,10 @@ from ._validate import as_count, as_fraction, as_iterable, as_seq_id, as_token_i
 from .block import Block, BlockTable, cdiv, tokens_in_blocks
 from .errors import BlocksInUseError, DuplicateSequenceError, EmptyFreeQueueError, InvalidArgumentError
 from .errors import InvalidTypeError, InvariantError, OutOfBlocksError, SequenceStateError, UnknownSequenceError
-from .prefix_cache import PrefixCache, as_extra_key, chain_keys, extend_chain
+from .prefix_cache import PrefixCache, as_extra_key, block_key, chain_keys
 
 TokenIds = Optional[Sequence[int]]
+TokenRow = Union[int, TokenIds]  # a sequence's new tokens in a growth step; one token may be given bare
 ExtraKey = Optional[Union[bytes, str]]
 Placed = Dict[int, Tuple[int, ...]]
 NOT_QUEUED = -2
@@ -550,20 +551,20 @@ class BlockManager:
 
     # ------------------------------------------------------------------ grow
     def allocate_slots(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
-                       token_ids: Optional[Sequence[TokenIds]] = None, watermark: float = 0.0) -> Optional[Placed]:
+                       token_ids: Optional[Sequence[TokenRow]] = None, watermark: float = 0.0) -> Optional[Placed]:
         """The scheduler's one call per decode step (vLLM's ``allocate_slots``): grow every listed sequence by
         ``num_tokens``, leaving the watermark free, and return ``{seq_id: block ids placed}`` for those that
         got a new or copied block; or return ``None``, changing nothing, when they do not all fit.
 
-        ``token_ids[i]`` are sequence ``i``'s new tokens, so blocks that fill up become cacheable (a block's key
-        is computed once, when it fills). Bad arguments raise typed errors, changing nothing. The result is
+        ``token_ids[i]`` are sequence ``i``'s new tokens (for one token, the token itself will do), so blocks that
+        fill up become cacheable (a block's key is computed once, when it fills). Bad arguments raise typed errors, changing nothing. The result is
         what one ``append_tokens`` per sequence, in the listed order, would do.
         """
         reserve = 0 if type(watermark) is float and watermark == 0.0 else self.watermark_blocks(watermark)
         return self._grow_listed(seq_ids, num_tokens, token_ids, reserve)[0]
 
     def append_tokens_batch(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
-                            token_ids: Optional[Sequence[TokenIds]] = None) -> Placed:
+                            token_ids: Optional[Sequence[TokenRow]] = None) -> Placed:
         """:meth:`allocate_slots` that raises :class:`OutOfBlocksError` (changing nothing) when they do not fit."""
         placed, ids = self._grow_listed(seq_ids, num_tokens, token_ids, 0)
         if placed is None:
@@ -599,7 +600,9 @@ class BlockManager:
             table.block_ids += new
             table.num_tokens = count
             return tuple(new)
-        tokens: Optional[List[TokenIds]] = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
+        tokens: Optional[List[Any]] = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
+        if tokens is not None and num_tokens == 1:
+            tokens = tokens[0]  # one token: the flat row _grow takes
         placed = self._grow((seq_id,), num_tokens, tokens, 0)
         if placed is None:
             raise OutOfBlocksError(self.blocks_to_append(seq_id, num_tokens), len(self._free),
@@ -749,7 +752,7 @@ class BlockManager:
             raise InvariantError("a sequence is both resident and swapped out")
 
     # ------------------------------------------------------------------ internals
-    def _grow_listed(self, seq_ids: Iterable[int], num_tokens: int, token_ids: Optional[Sequence[TokenIds]],
+    def _grow_listed(self, seq_ids: Iterable[int], num_tokens: int, token_ids: Optional[Sequence[TokenRow]],
                      reserve: int) -> Tuple[Optional[Placed], Sequence[int]]:
         """Check a growth call's arguments (ids, count, token ids), then :meth:`_grow` them; returns the ids too."""
         if type(num_tokens) is not int or num_tokens < 0:
@@ -762,16 +765,15 @@ class BlockManager:
             tokens = self._token_rows(token_ids, num_tokens)
         return self._grow(ids, num_tokens, tokens, reserve), ids
 
-    def _grow(self, ids: Sequence[int], num_tokens: int, tokens: Optional[List[TokenIds]],
+    def _grow(self, ids: Sequence[int], num_tokens: int, tokens: Optional[List[Any]],
               reserve: int) -> Optional[Placed]:
         """Grow the tables of checked ids in listed order, if what that takes leaves ``reserve`` blocks free: copy a
         shared last block, take new blocks, count the tokens, key the blocks that fill. Returns the blocks placed,
         or ``None`` (nothing changed) when refused.
 
-        One pass, decided before it changes anything: a table takes at most ``cdiv(num_tokens - 1, block_size)
-        + 1`` blocks (new ones past its capacity, after a copy of a shared tail with room), so while the free
-        queue holds that many for every table the step fits; only when it may not does :func:`growth_demand`
-        count what it takes exactly. Without token ids the tables' content is unknown from here on: no keys.
+        Decided before it changes anything: a table takes at most ``cdiv(num_tokens - 1, block_size) + 1`` blocks
+        (new ones past its capacity, after a copy of a shared tail with room), so while the free queue holds that
+        many for every table the step fits; only when it may not does :func:`growth_demand` count it exactly.
         """
         block_size, blocks, tables, spare = self.block_size, self._blocks, self._tables, len(self._free) - reserve
         if spare < len(ids) * (cdiv(num_tokens - 1, block_size) + 1) and \
@@ -779,10 +781,8 @@ class BlockManager:
             return None
         placed: Placed = {}
         forked, fits = self._forked, block_size - num_tokens
-        # Most tables hold 1..fits tokens in a last block (so no reserve follows it) that no fork shares: the new
-        # tokens fit there, a count update. Only the others are asked what they take (_place), in listed order;
-        # with token ids, a table whose new tokens fill a block keys it (_add_tokens), once.
-        if tokens is None:
+        # A table with 1..fits tokens in a last block no fork shares takes a count update; others ask _place.
+        if tokens is None:  # the content is unknown from here on: no more keys
             for seq_id in ids:
                 table = tables[seq_id]
                 count = table.num_tokens
@@ -791,22 +791,35 @@ class BlockManager:
                     if got:
                         placed[seq_id] = got
                 table.num_tokens = count + num_tokens
-                table.token_ids = None  # the content is unknown from here on: no more keys
-            return placed
-        for seq_id, new in zip(ids, tokens):
-            table = tables[seq_id]
-            count = table.num_tokens
-            if (count - 1) % block_size >= fits or (forked and seq_id in forked):
+                table.token_ids = None
+        elif num_tokens == 1:  # a decode step: one token (or None, unknown) each; a block that fills is keyed once
+            for seq_id, token in zip(ids, tokens):
+                table = tables[seq_id]
+                count = table.num_tokens
+                if count % block_size == 0 or (forked and seq_id in forked):
+                    got = self._place(table, 1)
+                    if got:
+                        placed[seq_id] = got
+                table.num_tokens = count = count + 1
+                seen = table.token_ids
+                if seen is not None and token is not None:
+                    seen.append(token)
+                    if count % block_size == 0:
+                        self._register(table, len(table.block_keys))
+                elif seen is not None:
+                    table.token_ids = None
+        else:  # several tokens with their ids (a prompt's next chunk): the general rule for each
+            for seq_id, new in zip(ids, tokens):
+                table = tables[seq_id]
                 got = self._place(table, num_tokens)
                 if got:
                     placed[seq_id] = got
-            table.num_tokens = count = count + num_tokens
-            seen = table.token_ids
-            if seen is not None:
-                if new is None or count % block_size < num_tokens:
-                    self._add_tokens(table, new)
+                table.num_tokens += num_tokens
+                if table.token_ids is None or new is None:
+                    table.token_ids = None
                 else:
-                    seen += new
+                    table.token_ids += new
+                    self._register(table, len(table.block_keys))
         return placed
 
     def _place(self, table: BlockTable, num_tokens: int) -> Tuple[int, ...]:
@@ -824,20 +837,22 @@ class BlockManager:
             got += tuple(new)
         return got
 
-    def _token_rows(self, token_ids: Sequence[TokenIds], num_tokens: int) -> Optional[List[TokenIds]]:
-        """Each sequence's new token ids, checked (``num_tokens`` ints in 64 bits each, or ``None``), or ``None``
-        for all when prefix caching is off. Rows of plain ints are checked in a few passes at C speed."""
+    def _token_rows(self, token_ids: Sequence[TokenRow], num_tokens: int) -> Optional[List[Any]]:
+        """Each sequence's new token ids, checked (``num_tokens`` ints in 64 bits, or ``None``), or ``None`` for all
+        when prefix caching is off. For one token each (a decode step) a row may be the bare token, and the rows
+        come back flat: one int (or ``None``) per sequence. Plain ints are checked at C speed."""
         rows: List[Any] = token_ids if type(token_ids) is list else list(token_ids)
-        try:  # a decode step's rows of one token are unpacked in one pass; others have their lengths checked
-            flat: List[Any] = [t for (t,) in rows] if num_tokens == 1 else \
-                list(chain.from_iterable(rows)) if set(map(len, rows)) <= {num_tokens} else [None]
-            if set(map(type, flat)) <= INT:  # no bools, no tensors
+        try:
+            flat: List[Any] = (rows if set(map(type, rows)) <= INT else [t for (t,) in rows]) if num_tokens == 1 \
+                else list(chain.from_iterable(rows)) if set(map(len, rows)) <= {num_tokens} else [None]
+            if flat is rows or set(map(type, flat)) <= INT:  # no bools, no tensors
                 array("q", flat)  # every one in 64 bits
-                return rows if self.enable_prefix_caching else None
+                return None if not self.enable_prefix_caching else flat if num_tokens == 1 else rows
         except (TypeError, ValueError, OverflowError):
             pass
-        rows = [None if t is None else as_token_ids(t, num_tokens) for t in rows]  # raises the typed error
-        return rows if self.enable_prefix_caching else None
+        rows = [None if t is None else as_token_ids(t if hasattr(t, "__len__") else [t], num_tokens) for t in rows]
+        flat = [None if t is None else t[0] for t in rows] if num_tokens == 1 else rows
+        return flat if self.enable_prefix_caching else None
 
     def _listed(self, seq_ids: Iterable[int], call: str) -> Sequence[int]:
         """A call's sequence ids, checked: ints, distinct, resident (typed errors)."""
@@ -890,25 +905,16 @@ class BlockManager:
                 released.append(block_id)
         self._free.extend_unchecked(released)
 
-    def _add_tokens(self, table: BlockTable, new: TokenIds) -> None:
-        """Record a table's new tokens (``None``: its content is unknown from here on, no more keys) and make
-        the blocks they filled findable by content, each keyed once."""
-        seen = table.token_ids
-        if seen is None or new is None:
-            table.token_ids = None
-            return
-        seen += new
-        start = len(table.block_keys)
-        if len(seen) >= (start + 1) * self.block_size:
-            extend_chain(table.block_keys, seen, self.block_size, table.extra_key)
-            self._register(table, start)
-
     def _register(self, table: BlockTable, start: int) -> None:
-        """Make the table's full blocks from logical index ``start`` on findable by content."""
-        if table.token_ids is None:
+        """Make the table's full blocks from logical index ``start`` on findable by content, keying first the
+        blocks filled since its last key (a block is keyed once, when it fills)."""
+        seen = table.token_ids
+        if seen is None:
             return
-        keys, ids, blocks, prefix = table.block_keys, table.block_ids, self._blocks, self._prefix
-        for i in range(start, len(keys)):
+        keys, ids, blocks, prefix, size = table.block_keys, table.block_ids, self._blocks, self._prefix, self.block_size
+        for i in range(start, len(seen) // size):
+            if i == len(keys):
+                keys.append(block_key(keys[-1] if i else None, seen[i * size:(i + 1) * size], table.extra_key))
             block = blocks[ids[i]]
             if block.block_hash is None and keys[i] not in prefix:
                 block.block_hash = keys[i]

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Union
 from .errors import InvalidTypeError
 
 ROOT_KEY = bytes(32)
+NO_SALT = bytes(8)  # no salt, framed: a zero length
 
 
 def block_key(parent_key: Optional[bytes], token_ids: Sequence[int], extra_key: Optional[bytes] = None) -> bytes:
@@ -28,22 +29,15 @@ def framed(extra_key: Optional[bytes]) -> bytes:
     """The salt as a key hashes it: always length-prefixed, 0 for none. Otherwise "no salt" would read as any
     salt whose length is a multiple of 8 (its length and bytes parsed as token ids), and a prompt could be
     made to hit another tenant's blocks."""
-    return len(extra_key).to_bytes(8, "little") + extra_key if extra_key else bytes(8)
+    return len(extra_key).to_bytes(8, "little") + extra_key if extra_key else NO_SALT
 
 
 def chain_keys(token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes] = None) -> List[bytes]:
     """Keys of every full block of a token sequence, in order."""
     keys: List[bytes] = []
-    extend_chain(keys, token_ids, block_size, extra_key)
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        keys.append(block_key(keys[-1] if keys else None, token_ids[start : start + block_size], extra_key))
     return keys
-
-
-def extend_chain(keys: List[bytes], token_ids: Sequence[int], block_size: int, extra_key: Optional[bytes]) -> None:
-    """Append to ``keys`` (those of the first full blocks of ``token_ids``) the keys of the blocks filled since."""
-    parent = keys[-1] if keys else None
-    for start in range(len(keys) * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = block_key(parent, token_ids[start : start + block_size], extra_key)
-        keys.append(parent)
 
 
 class PrefixCache(Dict[bytes, int]):

@@ -12,7 +12,7 @@ implements it, and so does the adapter that serves a learner's allocator.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterable, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: the bookkeeping side needs no torch
     import torch
@@ -73,7 +73,7 @@ class EngineBookkeeping(Protocol):
         ...
 
     def allocate_slots(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
-                       token_ids: Optional[Sequence[TokenIds]] = None,
+                       token_ids: Optional[Sequence[Union[int, TokenIds]]] = None,
                        watermark: float = 0.0) -> Optional[Dict[int, Tuple[int, ...]]]:
         """Grow every listed sequence (a decode step, or a prompt's next chunk): the blocks placed, by
         sequence, or ``None`` (nothing changed) when they do not all fit."""

@@ -104,7 +104,7 @@ class Scheduler:
             if not decodes:
                 return decodes, preempted
             placed = self.allocator.allocate_slots([s.seq_id for _, s in decodes], 1,
-                                                   token_ids=[s.output[-1:] for _, s in decodes])
+                                                   token_ids=[s.output[-1] for _, s in decodes])
             if placed is not None:
                 return decodes, preempted
             self.preempt_newest()

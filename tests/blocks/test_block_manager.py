@@ -150,10 +150,16 @@ BAD_CALLS = [
     ("duplicate", lambda m: m.allocate_for_sequence(0, 1), DuplicateSequenceError, "already"),
     ("too big", lambda m: m.allocate_for_sequence(7, 99), OutOfBlocksError, "need 25"),
     ("batch too big", lambda m: m.append_tokens_batch([0, 1], 40), OutOfBlocksError, "grow 2 sequences"),
-    ("batch of bools equal to its memo", lambda m: m.append_tokens_batch([False, True]), InvalidTypeError, "bool"),
+    ("batch of bools equal to the last ids", lambda m: m.append_tokens_batch([False, True]), InvalidTypeError, "bool"),
     ("batch repeat", lambda m: m.append_tokens_batch([0, 0]), InvalidArgumentError, "twice"),
     ("batch unknown", lambda m: m.append_tokens_batch([0, 9]), UnknownSequenceError, "9"),
     ("batch tokens", lambda m: m.append_tokens_batch([0], token_ids=[[1], [2]]), InvalidArgumentError, "2 entries"),
+    ("bare bool token", lambda m: m.allocate_slots([0], 1, token_ids=[True]), InvalidTypeError, "bool"),
+    ("bare float token", lambda m: m.allocate_slots([0], 1, token_ids=[1.5]), InvalidTypeError, "sequence of ints"),
+    ("bare token past 64 bits", lambda m: m.allocate_slots([0], 1, token_ids=[2**64]), InvalidArgumentError, "64 bits"),
+    ("a bad token after a good one", lambda m: m.allocate_slots([0, 1], 1, token_ids=[3, True]), InvalidTypeError,
+     "bool"),
+    ("bare token for two", lambda m: m.allocate_slots([0], 2, token_ids=[3]), InvalidArgumentError, "1 token_ids"),
     ("fork onto itself", lambda m: m.fork(0, 0), DuplicateSequenceError, "already"),
     ("swap out twice", lambda m: m.swap_out(0, 0), InvalidArgumentError, "twice"),
     ("swap out unknown", lambda m: m.swap_out(0, 9), UnknownSequenceError, "9"),
@@ -167,7 +173,7 @@ def test_bad_calls_raise_typed_errors_and_change_nothing(name, call, exc, msg):
     m = BlockManager(6, 4)
     m.allocate_for_sequence(0, 5, token_ids=[1, 2, 3, 4, 5])
     m.allocate_for_sequence(1, 4)
-    m.append_tokens_batch([0, 1])  # the batch has a memo now: refusals must not trust it blindly
+    m.append_tokens_batch([0, 1])  # a step before: refusals must not trust the last one's ids
     before = snapshot(m)
     with pytest.raises(exc, match=msg) as info:
         call(m)

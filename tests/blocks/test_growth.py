@@ -71,11 +71,12 @@ class BatchTwinMachine(RuleBasedStateMachine):
             ids = last + sorted(set(resident) - set(last))
         else:
             ids = data.draw(st.lists(st.sampled_from(resident), min_size=1, unique=True))
-        tokens = [[7] * n for _ in ids] if with_ids else None
+        tokens = [[(s + j) % 3 for j in range(n)] for s in ids] if with_ids else None
+        given = [row[0] for row in tokens] if tokens and n == 1 and data.draw(st.booleans()) else tokens  # bare
         before = snapshot(self.batch)
         try:
-            placed = (self.batch.append_tokens_batch(ids, n, token_ids=tokens) if raising
-                      else self.batch.allocate_slots(ids, n, token_ids=tokens))
+            placed = (self.batch.append_tokens_batch(ids, n, token_ids=given) if raising
+                      else self.batch.allocate_slots(ids, n, token_ids=given))
             if placed is None:
                 raise OutOfBlocksError(0, 0)
         except OutOfBlocksError:

@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from paged_kv_lib import InvalidTypeError, block_key, chain_keys
-from paged_kv_lib.prefix_cache import PrefixCache, as_extra_key, extend_chain
+from paged_kv_lib.block_manager import BlockManager
+from paged_kv_lib.prefix_cache import PrefixCache, as_extra_key
 
 
 def test_keys_chain_over_the_prefix_and_salt():
@@ -20,14 +21,23 @@ def test_keys_chain_over_the_prefix_and_salt():
     assert chain_keys([1, 2, 3], 2) == a[:1], "a partial block has no key"
 
 
-@given(st.lists(st.integers(0, 5), max_size=30), st.integers(1, 5), st.lists(st.integers(1, 7), max_size=6))
-def test_extending_a_chain_equals_chaining_at_once(tokens, block_size, cuts):
-    keys: list = []
-    seen = []
-    for cut in cuts + [len(tokens)]:
-        seen = tokens[: max(len(seen), min(len(tokens), len(seen) + cut))]
-        extend_chain(keys, seen, block_size, None)
-    assert keys == chain_keys(tokens, block_size)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=30), st.integers(1, 5),
+       st.lists(st.integers(1, 7), max_size=6), st.booleans())
+def test_keys_made_as_blocks_fill_equal_chaining_at_once(tokens, block_size, cuts, bare):
+    """A sequence whose tokens arrive in pieces (one-token steps given bare or as rows, longer appends) ends up
+    with the keys of chaining all its tokens at once: each block keyed once, when it fills."""
+    manager = BlockManager(64, block_size)
+    held = min(len(tokens), cuts[0]) if cuts else len(tokens)
+    manager.allocate_for_sequence(0, held, token_ids=tokens[:held])
+    for cut in cuts[1:] + [len(tokens)]:
+        new = tokens[held : min(len(tokens), held + cut)]
+        if len(new) == 1:
+            manager.allocate_slots([0], 1, token_ids=[new[0] if bare else new])
+        else:
+            manager.append_tokens(0, len(new), new)
+        held += len(new)
+    assert manager.table(0).block_keys == chain_keys(tokens, block_size)
+    manager.check_invariants()
 
 
 def test_as_extra_key():

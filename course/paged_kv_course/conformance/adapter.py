@@ -23,7 +23,7 @@ exercise 06); the library never finds anything by content itself.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -204,7 +204,7 @@ class LearnerBackedAllocator:
         return cached
 
     def allocate_slots(self, seq_ids: Iterable[int], num_tokens: int = 1, *,
-                       token_ids: Optional[Sequence[TokenIds]] = None,
+                       token_ids: Optional[Sequence[Union[int, TokenIds]]] = None,
                        watermark: float = 0.0) -> Optional[Dict[int, Tuple[int, ...]]]:
         """Grow each sequence through the learner's ``append_tokens`` if the block manager's rule says they all
         fit leaving the watermark; ``None`` (nothing asked of the learner) when they do not."""
