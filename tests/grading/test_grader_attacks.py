@@ -32,7 +32,7 @@ from paged_kv_course.grading import batch, grader, sandbox
 from paged_kv_course.grading.notebook_tasks import cell_task, read_notebook, split_points
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "grading"
-TIMEOUT = 20  # seconds for a whole submission, kernel start included
+TIMEOUT = 10  # seconds for a whole submission, kernel start included (two attacks wait it out)
 POINTS = {"90.1": 2, "90.2": 1, "90.3": 3}
 
 ADD_OK = "def add(a, b):\n    return a + b\n"

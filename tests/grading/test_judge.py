@@ -227,7 +227,7 @@ def test_a_judge_stuck_in_a_c_call_or_killed_costs_one_line_and_the_rest(tmp_pat
              {"source": "check_fine(f)", "tags": [], "task": "99.1", "role": "check"},
              {"source": f"{check}(f)", "tags": [], "task": "99.1", "role": "check"},
              {"source": "check_fine(f)", "tags": [], "task": "99.2", "role": "check"}]
-    results, _ = grader.run_judge(cells, tmp_path / "work", timeout=20, sandbox_mode="none")
+    results, _ = grader.run_judge(cells, tmp_path / "work", timeout=10, sandbox_mode="none", grace=6)
     assert results[2]["outcome"] == "passed", results[2]
     assert results[3]["outcome"] == "failed" and results[3]["line"].startswith(line), results[3]
     assert "\n" not in results[3]["line"] and results[3]["detail"] == ""

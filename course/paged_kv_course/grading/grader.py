@@ -27,7 +27,7 @@ from nbformat import NotebookNode
 from . import hidden as hidden_cases
 from . import sandbox
 from .delegation import delegation_lines
-from .judge_process import DEFAULT_TIMEOUT_S, KERNEL_STARTUP_TIMEOUT_S, GradingError, run_judge
+from .judge_process import DEFAULT_TIMEOUT_S, GradingError, run_judge
 from .notebook_tasks import ROLE_SOLUTION, ExerciseSpecError, NotebookFormatError, Task, cell_task, find_tasks
 from .points import check_function
 from .pristine import (
@@ -48,7 +48,7 @@ from .pristine import (
 from .splice import _defined_names, built_on, splice, splice_cells, ungraded_code
 
 __all__ = [
-    "CheckResult", "DEFAULT_TIMEOUT_S", "GradeReport", "GradingError", "InputError", "KERNEL_STARTUP_TIMEOUT_S", "PristineNotFoundError",
+    "CheckResult", "DEFAULT_TIMEOUT_S", "GradeReport", "GradingError", "InputError", "PristineNotFoundError",
     "TaskResult", "EXERCISE_NAME", "check_exercise_name", "default_search", "exercise_name", "find_course",
     "find_pristine", "find_tasks_lenient", "grade_notebook", "is_solution_notebook", "load_pristine",
     "prepare_for_run", "run_judge", "score", "splice", "splice_cells", "submission_exercise", "ungraded_code",

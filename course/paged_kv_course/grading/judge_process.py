@@ -21,7 +21,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import sandbox
 DEFAULT_TIMEOUT_S = 300.0
-KERNEL_STARTUP_TIMEOUT_S = 120.0  # kept for callers that size their own waits
+# Past the submission's limit: the judge's time to stop the kernel and report before this process kills it. The
+# kernel's CPU-time allowance is the limit plus two thirds of it (under the judge's own, the limit plus all of it).
+JUDGE_GRACE_S = 30.0
 
 
 class GradingError(RuntimeError):
@@ -35,6 +37,7 @@ def run_judge(
     timeout: float = DEFAULT_TIMEOUT_S,
     sandbox_mode: str = "auto",
     hidden: Sequence[Path] = (),
+    grace: float = JUDGE_GRACE_S,
 ) -> Tuple[Dict[int, dict], str]:
     """Run the judge in its own bounded process, ``timeout`` seconds for the whole submission; per-cell
     results by code-cell number, and the note on isolation and limits. Raises
@@ -43,8 +46,8 @@ def run_judge(
     note = "" if resolved == "bwrap" else sandbox.NOT_ISOLATED
     workdir.mkdir(parents=True, exist_ok=True)
     job = {"cells": cells, "timeout": timeout, "workdir": str(workdir), "mode": resolved,
-           "hidden": [str(h) for h in hidden]}
-    budget = timeout + 30
+           "hidden": [str(h) for h in hidden], "grace": grace}
+    budget = timeout + grace
     # The checks run tiny tensors: one torch thread (threads that spin on a busy machine made exercise 06's
     # checks 3x slower, docs/benchmarks.md).
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
