@@ -206,6 +206,12 @@ def check_stuck_in_c(f):
 
 def check_crash(f):
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def check_exit_slowly(f):
+    os.closerange(3, 4096)  # the event pipe closes before the judge is gone, as when it dies of an exception
+    time.sleep(1)
+    os._exit(3)
 '''
 
 
@@ -214,6 +220,7 @@ def check_crash(f):
 @pytest.mark.parametrize("check, line", [
     ("check_stuck_in_c", "timed out: the submission ran past its limit"),
     ("check_crash", "the judge was killed by SIGKILL"),
+    ("check_exit_slowly", "the judge stopped with exit status 3"),
 ])
 def test_a_judge_stuck_in_a_c_call_or_killed_costs_one_line_and_the_rest(tmp_path, monkeypatch, check, line):
     """The grader stops a judge that outlives the submission's limit even inside a C call (SIGALRM cannot

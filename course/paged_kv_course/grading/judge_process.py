@@ -125,7 +125,11 @@ def _watch(process: "subprocess.Popen[bytes]", overall: float, timeout: float) -
         if not select.select([fd], [], [], remaining)[0]:
             continue
         chunk = os.read(fd, 1 << 16)
-        if not chunk:
+        if not chunk:  # a judge that crashed is let exit: its status is the report, not the kill that follows
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
             return events
         buffer += chunk
         if len(buffer) > 64 * 1024 * 1024:
