@@ -590,20 +590,18 @@ class BlockManager:
             # Most calls: no content to key and no fork sharing the last block (see _grow), so the sequence takes
             # new blocks for the tokens past the capacity of those it holds, and nothing else.
             count = table.num_tokens + num_tokens
-            short = 0 if count % self.block_size > num_tokens else cdiv(count, self.block_size) - len(table.block_ids)
-            if short <= 0:  # mid-block (the first test), or its blocks hold them
-                table.num_tokens = count
+            if count % self.block_size > num_tokens or cdiv(count, self.block_size) <= len(table.block_ids):
+                table.num_tokens = count  # they end mid-block (the first test, most calls), or its blocks hold them
                 return ()
+            short = cdiv(count, self.block_size) - len(table.block_ids)
             if short > len(self._free):
                 raise OutOfBlocksError(short, len(self._free), f"grow sequence {seq_id} to {count} tokens")
             new = self._take(short)
             table.block_ids += new
             table.num_tokens = count
             return tuple(new)
-        tokens: Optional[List[Any]] = None if token_ids is None else [as_token_ids(token_ids, num_tokens)]
-        if tokens is not None and num_tokens == 1:
-            tokens = tokens[0]  # one token: the flat row _grow takes
-        placed = self._grow((seq_id,), num_tokens, tokens, 0)
+        row = None if token_ids is None else as_token_ids(token_ids, num_tokens)
+        placed = self._grow((seq_id,), num_tokens, row if row is None or num_tokens == 1 else [row], 0)  # 1: flat
         if placed is None:
             raise OutOfBlocksError(self.blocks_to_append(seq_id, num_tokens), len(self._free),
                                    f"grow sequence {seq_id} to {table.num_tokens + num_tokens} tokens")
