@@ -556,9 +556,9 @@ class BlockManager:
         ``num_tokens``, leaving the watermark free, and return ``{seq_id: block ids placed}`` for those that
         got a new or copied block; or return ``None``, changing nothing, when they do not all fit.
 
-        ``token_ids[i]`` are sequence ``i``'s new tokens (for one token, the token itself will do), so blocks that
-        fill up become cacheable (a block's key is computed once, when it fills). Bad arguments raise typed errors, changing nothing. The result is
-        what one ``append_tokens`` per sequence, in the listed order, would do.
+        ``token_ids[i]`` are sequence ``i``'s new tokens (for one token, the bare token will do), so blocks that fill
+        up become cacheable (keyed once, when they fill). Bad arguments raise typed errors, changing nothing. The
+        result is what one ``append_tokens`` per sequence, in the listed order, would do.
         """
         reserve = 0 if type(watermark) is float and watermark == 0.0 else self.watermark_blocks(watermark)
         return self._grow_listed(seq_ids, num_tokens, token_ids, reserve)[0]
