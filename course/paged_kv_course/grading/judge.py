@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import _common_repair, probes, sandbox, wire
 from ._common import TaskNotWrittenError, not_written
 from .check_cells import CheckCall, CheckCellError, imported_names, parse_check_cell
-from .judge_process import JUDGE_GRACE_S
+from .judge_process import JUDGE_GRACE_S, kernel_cpu_seconds
 from .remote import Caller, CellError, JudgeAbort, Refused, Remote, _first_line
 
 INTERRUPT_GRACE_S = 3.0
@@ -170,7 +170,8 @@ def judge(job: Dict[str, Any], emit: Optional[Emit] = None) -> Dict[str, Any]:
     timeout = float(job["timeout"])
     spec = sandbox.SandboxSpec(
         mode=job.get("mode", "bwrap"), workdir=Path(job["workdir"]), hidden=[Path(p) for p in job.get("hidden", [])],
-        cpu_seconds=int(timeout + float(job.get("grace", JUDGE_GRACE_S)) * 2 / 3), memory_bytes=int(job.get("memory_bytes", sandbox.DEFAULT_MEMORY_BYTES)))
+        cpu_seconds=kernel_cpu_seconds(timeout, float(job.get("grace", JUDGE_GRACE_S))),
+        memory_bytes=int(job.get("memory_bytes", sandbox.DEFAULT_MEMORY_BYTES)))
     cells: List[Dict[str, Any]] = job["cells"]
     known = imported_names([c["source"] for c in cells if c.get("role") != "solution"])
     probes.JIT_NAMES = jit_names([c["source"] for c in cells if c.get("role") == "solution"])

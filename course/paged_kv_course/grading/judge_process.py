@@ -21,9 +21,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import sandbox
 DEFAULT_TIMEOUT_S = 300.0
-# Past the submission's limit: the judge's time to stop the kernel and report before this process kills it. The
-# kernel's CPU-time allowance is the limit plus two thirds of it (under the judge's own, the limit plus all of it).
+# Past the submission's limit: the judge's time to stop the kernel and report before this process kills it.
 JUDGE_GRACE_S = 30.0
+
+
+def kernel_cpu_seconds(timeout: float, grace: float = JUDGE_GRACE_S) -> int:
+    """The learner's kernel's CPU-time allowance: the limit plus two thirds of the grace, so it stays under the
+    judge's own (the limit plus all of it), which a kernel the judge starts cannot raise its limit past."""
+    return int(timeout + grace * 2 / 3)
 
 
 class GradingError(RuntimeError):
