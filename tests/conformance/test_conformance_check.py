@@ -204,3 +204,16 @@ def test_not_implemented_propagates():
     with pytest.raises(NotImplementedError):
         check_allocator(Unwritten, ops=PARTS["03"])
     check_allocator(Unwritten, ops=PARTS["02"], max_examples=30)
+
+
+def test_a_method_not_written_stops_the_check_at_once_unshrunk():
+    calls = []
+
+    class Unwritten(AllocatorAfter06):
+        def free_sequence(self, seq_id):
+            calls.append(seq_id)
+            raise NotImplementedError("Task 03.1: replace this line with your code")
+
+    with pytest.raises(NotImplementedError, match="Task 03.1"):
+        check_allocator(Unwritten, ops=PARTS["03"])
+    assert len(calls) == 1, f"the check went on after the first NotImplementedError: {len(calls)} calls"

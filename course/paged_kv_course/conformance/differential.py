@@ -12,7 +12,8 @@ caching off. After every call it compares what every correct allocator must agre
 * that a call which failed changed nothing.
 
 The first difference stops the run; hypothesis then shrinks the call sequence, and the
-``AssertionError`` raised shows the shortest one it found as code you can paste and run.
+``AssertionError`` raised shows the shortest one it found as code you can paste and run. A method
+that raises ``NotImplementedError`` (not written yet) stops the check at once, unshrunk.
 """
 
 from __future__ import annotations
@@ -350,6 +351,16 @@ class _Run:
                               repr(got), f"your table went from {old} to {new}")
 
 
+class _NotWritten(BaseException):
+    """A method not written yet (``NotImplementedError``), carried past hypothesis. Hypothesis shrinks only what
+    its test raises as ``Exception``; shrinking the call sequence that reaches an unwritten method took seconds
+    per check (4 s of 06's 7 s grade, untouched) and changes nothing the learner is told."""
+
+    def __init__(self, error: NotImplementedError) -> None:
+        super().__init__()
+        self.error = error
+
+
 class _Raised:
     """A learner exception, kept as data so it can be compared with the library's outcome."""
 
@@ -361,9 +372,12 @@ class _Raised:
 def _run(cls: Any, name: str, ops: Tuple[str, ...], scenario: Tuple[int, int, List[_Call]]) -> None:
     num_blocks, block_size, calls = scenario
     run = _Run(cls, name, num_blocks, block_size, cow="copy_on_write" in ops)
-    run.start()
-    for call in calls:
-        run.step(call)
+    try:
+        run.start()
+        for call in calls:
+            run.step(call)
+    except NotImplementedError as exc:
+        raise _NotWritten(exc) from None
 
 
 def _report(name: str, diff: _Difference) -> str:
@@ -426,6 +440,8 @@ def check_allocator(
 
     try:
         differential()
+    except _NotWritten as stop:
+        raise stop.error from None
     except _Difference as diff:
         raise AssertionError(_report(label, diff)) from None
     except Flaky:
