@@ -96,8 +96,28 @@ def pytest_ignore_collect(collection_path, config):
     return True if _slow(collection_path, collection_path.is_dir()) else None
 
 
+# The longest tests (30 s to 3.5 min each on 2 cores, `--durations`), longest first, then the other slow ones:
+# `make test-course` deals tests to its workers one at a time in this order, so no long test starts near the
+# end and keeps one worker busy while the others wait.
+LONGEST = (
+    "grading/test_gradescope.py::test_the_zip_installs_with_its_own_setup_sh_and_grades_exercise_03",
+    "grading/test_planted_through_grader.py::test_planted_wrong_solutions_fail_through_the_grader",
+    "exercises/test_exercises_gates.py::test_the_grader_gives_the_solution_full_marks_and_the_untouched_version_nothing",
+    "exercises/test_checks_10.py::test_the_whole_run_names_the_broken_part",
+    "exercises/test_checks_10.py::test_the_reference_kernels_pass",
+    "exercises/test_checks_10.py::test_the_whole_capstone_passes",
+    "exercises/test_checks_10.py::test_a_planted_kernel_is_named_as_the_part_that_breaks",
+    "grading/test_grader_attacks.py::test_a_class_with_every_attack_grades_the_honest_learners_unchanged",
+    "grading/test_grader_attacks.py::test_attacks_stopped_by_the_judge_earn_nothing_alone",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {}
     for item in items:
         node = item.nodeid.replace(os.sep, "/").split("[")[0]
         if _slow(item.path) or any(node.endswith("/" + t) or node == "tests/" + t for t in SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+        longest = [i for i, t in enumerate(LONGEST) if node.endswith("/" + t) or node == "tests/" + t]
+        rank[item.nodeid] = (0, longest[0]) if longest else (1 if item.get_closest_marker("slow") else 2, 0)
+    items.sort(key=lambda item: rank[item.nodeid])  # stable: collection order within each rank
