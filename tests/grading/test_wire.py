@@ -111,6 +111,36 @@ def test_a_reply_outside_the_schema_or_a_pickle_is_refused_in_one_line():
     os.close(write)
 
 
+REPLIES = [
+    {"ok": 1}, {"ok": None}, {"ok": "text"}, {"ok": [1, [2.5, None], {"t": [True]}]}, {"ok": {"h": [3, "mod.Cls"]}},
+    {"ok": {"d": [[1, {"s": [2]}]]}}, {"ok": {"q": [[1], 4]}}, {"ok": {"T": ["float32", [2], 0]}},
+    {"ok": [1], "changed": [[0, [1, 2]], ["k", {"fs": []}]]}, {"raised": ["builtins", "ValueError", "bad"]},
+    {"timeout": True}, {"callback": {"op": "call", "target": 0, "args": [1], "kwargs": [["k", 2]]}},
+    {"ok": {"a": [["name", 1]]}}, {"ok": [[[[]]]]},
+    # refused
+    {}, [], "ok", {"ok": 1, "raised": ["a", "b", "c"]}, {"ok": 1, "extra": 2}, {"timeout": False},
+    {"timeout": True, "changed": []}, {"ok": {}}, {"ok": {"h": [0, "a"]}}, {"ok": {"h": [1, "a"], "t": []}},
+    {"ok": {"t": 1}}, {"ok": {"b": -1}}, {"ok": [1, {"h": [1]}]}, {"ok": {"o": ["mod", "Cls", []]}},
+    {"ok": {"T": ["float32", [2]]}}, {"raised": ["a", "b"]}, {"callback": {"op": "exec", "target": 0}},
+    {"ok": "x" * (wire.MAX_STR + 1)}, {"ok": {"a": [["1bad", 1]]}}, {"ok": 1, "changed": [[0.5, 1]]},
+]
+
+
+@pytest.mark.parametrize("document", REPLIES, ids=lambda d: str(d)[:40])
+def test_the_fast_check_agrees_with_the_schema(document):
+    """check_reply picks the ``oneOf`` branch by the reply's key and checks it with a compiled validator; the
+    verdict must be the schema's own, as jsonschema reads it."""
+    import jsonschema
+
+    expected = jsonschema.Draft7Validator(wire.REPLY_SCHEMA).is_valid(document)
+    try:
+        wire.check_reply(document)
+        accepted = True
+    except wire.WireError:
+        accepted = False
+    assert accepted == expected
+
+
 def test_a_reply_over_a_bound_is_skipped_and_the_next_one_is_read():
     read, write = os.pipe()
     pid = os.fork()
