@@ -23,7 +23,7 @@ XDIST := -n $(JOBS) --dist loadfile
 # so a spare worker keeps the cores busy (course tests back to back on 2 cores: 642 s with 2 workers, 617 s with 3).
 COURSE_XDIST := -n $(shell expr $(JOBS) + 1) --dist load --maxschedchunk 1
 
-.PHONY: install install-lab torch lab lint test test-course test-fast test-notebooks test-browser exercises bench gpu-check clean
+.PHONY: install install-lab torch lab lint test test-library test-course test-fast test-notebooks test-browser exercises bench gpu-check clean
 
 ## Everything a course author needs: the learner's extras and the dev tools (tests, lint).
 install: $(STAMP)
@@ -66,9 +66,13 @@ COURSE_TESTS := tests/course tests/conformance tests/exercises tests/grading tes
 LIBRARY_TESTS := $(COURSE_TESTS:%=--ignore=%) --ignore=tests/browser tests
 
 ## Every test: lint, the library's tests, the course's tests and notebooks (lessons and exercise solutions).
-test: lint
-	$(PY) -m pytest $(XDIST) $(LIBRARY_TESTS)
+## Lint runs beside the library's tests (mypy keeps one core busy for a minute); each prints when it ends.
+test: install
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint test-library
 	$(MAKE) --no-print-directory test-course
+## The library's tests.
+test-library: install
+	$(PY) -m pytest $(XDIST) $(LIBRARY_TESTS)
 
 ## The course's checks, planted solutions, grader and platforms, then every notebook through nbval.
 test-course: install
