@@ -533,22 +533,27 @@ def gradebook_rows(results: Iterable[BatchResult]) -> List[dict]:
     return [{k: escape_cell(v) for k, v in row.items()} for row in rows]
 
 
-def write_gradebook(results: Iterable[BatchResult], path: Union[str, Path]) -> List[dict]:
-    """Write the gradebook CSV (columns: :data:`GRADEBOOK_COLUMNS`) atomically; return its rows."""
-    rows = gradebook_rows(results)
+def write_csv(path: Union[str, Path], columns: Sequence[str], rows: Sequence[Dict[str, Any]]) -> None:
+    """Write a CSV whole or not at all: into a temporary file beside ``path``, then renamed over it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = tempfile.NamedTemporaryFile("w", newline="", encoding="utf-8", dir=path.parent,
                                          prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
         with handle:
-            writer = csv.DictWriter(handle, fieldnames=GRADEBOOK_COLUMNS)
+            writer = csv.DictWriter(handle, fieldnames=list(columns))
             writer.writeheader()
             writer.writerows(rows)
         os.replace(handle.name, path)
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
+
+
+def write_gradebook(results: Iterable[BatchResult], path: Union[str, Path]) -> List[dict]:
+    """Write the gradebook CSV (columns: :data:`GRADEBOOK_COLUMNS`) atomically; return its rows."""
+    rows = gradebook_rows(results)
+    write_csv(path, GRADEBOOK_COLUMNS, rows)
     return rows
 
 

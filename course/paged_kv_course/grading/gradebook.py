@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .batch import BatchResult, duplicates, escape_cell, first_line, fmt_points, write_gradebook
+from .batch import BatchResult, duplicates, escape_cell, first_line, fmt_points, write_csv, write_gradebook
 
 FORMATS = ("long", "wide", "canvas")
 ROSTER_REQUIRED = ("learner", "name", "id", "sis_login")
@@ -264,21 +264,6 @@ def canvas_rows(results: Iterable[BatchResult], roster: Dict[str, RosterEntry]) 
 # Writing
 
 
-def _atomic_csv(path: Path, columns: Sequence[str], rows: Sequence[Dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("w", newline="", encoding="utf-8", dir=path.parent,
-                                         prefix=f".{path.name}.", suffix=".tmp", delete=False)
-    try:
-        with handle:
-            writer = csv.DictWriter(handle, fieldnames=list(columns))
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-
-
 def write(results: Iterable[BatchResult], path: Union[str, Path], fmt: str = "long",
           roster: Optional[Dict[str, RosterEntry]] = None) -> int:
     """Write the gradebook in format ``fmt`` to ``path`` atomically; return the number of rows."""
@@ -294,7 +279,7 @@ def write(results: Iterable[BatchResult], path: Union[str, Path], fmt: str = "lo
         columns, rows = canvas_rows(results, roster)
     else:
         columns, rows = wide_rows(results)
-    _atomic_csv(Path(path), columns, rows)
+    write_csv(path, columns, rows)
     return len(rows)
 
 
