@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
 
-import conftest
-
 TESTS = Path(__file__).parent
+# The lists, read from the file (``import conftest`` may find another folder's conftest.py under xdist).
+LISTS = {node.targets[0].id: ast.literal_eval(node.value)
+         for node in ast.parse((TESTS / "conftest.py").read_text(encoding="utf-8")).body
+         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+         and node.targets[0].id in ("SLOW_FILES", "SLOW_TESTS", "LONGEST")}
 
 
 def _files(name: str) -> list:
@@ -20,12 +24,12 @@ def _files(name: str) -> list:
     return [p for p in found if (rel := p.relative_to(TESTS).as_posix()) == want or rel.endswith("/" + want)]
 
 
-@pytest.mark.parametrize("name", sorted(conftest.SLOW_FILES))
+@pytest.mark.parametrize("name", sorted(LISTS["SLOW_FILES"]))
 def test_every_slow_file_exists(name):
     assert _files(name), f"SLOW_FILES names {name!r}, which is not under tests/"
 
 
-@pytest.mark.parametrize("entry", sorted(conftest.SLOW_TESTS) + list(conftest.LONGEST))
+@pytest.mark.parametrize("entry", sorted(LISTS["SLOW_TESTS"]) + list(LISTS["LONGEST"]))
 def test_every_listed_test_exists(entry):
     file, first = entry.split("::")[:2]
     files = _files(file)
