@@ -110,12 +110,18 @@ LONGEST = (
 )
 
 
+def _place(node: str, names) -> "int | None":
+    """Where a test (its id without parameters) stands among ``names`` (``file::test``, the file by its path
+    under tests/ or the end of that path), or None."""
+    return next((i for i, name in enumerate(names) if node.endswith("/" + name) or node == "tests/" + name), None)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {}
     for item in items:
         node = item.nodeid.replace(os.sep, "/").split("[")[0]
-        if _slow(item.path) or any(node.endswith("/" + t) or node == "tests/" + t for t in SLOW_TESTS):
+        if _slow(item.path) or _place(node, SLOW_TESTS) is not None:
             item.add_marker(pytest.mark.slow)
-        longest = [i for i, t in enumerate(LONGEST) if node.endswith("/" + t) or node == "tests/" + t]
-        rank[item.nodeid] = (0, longest[0]) if longest else (1 if item.get_closest_marker("slow") else 2, 0)
+        longest = _place(node, LONGEST)
+        rank[item.nodeid] = (0, longest) if longest is not None else (1 if item.get_closest_marker("slow") else 2, 0)
     items.sort(key=lambda item: rank[item.nodeid])  # stable: collection order within each rank

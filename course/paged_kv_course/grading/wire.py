@@ -93,7 +93,7 @@ def receive(fd: int, wait: Callable[[], None] = lambda: None) -> Tuple[Any, List
 
 # One schema for every kind of value, no ``anyOf``: a keyword applies only to its own JSON type (``maxLength`` to
 # strings, ``items`` to arrays, the properties to objects), so a valid reply never tries a branch that fails
-# (with four branches, each failed try built an exception: 5x slower).
+# (fastjsonschema builds an exception for each failed try; docs/benchmarks.md has the cost).
 _VALUE = {
     "type": ["null", "boolean", "number", "string", "array", "object"],
     "maxLength": MAX_STR,
@@ -150,7 +150,7 @@ def check_reply(document: Any) -> None:
     from fastjsonschema's compiled validators (a judge checks thousands of replies per submission: 7x faster
     than jsonschema's, measured in docs/benchmarks.md), one per branch of the ``oneOf``, picked by the reply's
     key: the branches require different keys and allow no other, so at most one can match, and the others need
-    no try (which doubled the cost). jsonschema only words a refusal (where it failed)."""
+    no try. jsonschema only words a refusal (where it failed)."""
     import fastjsonschema
 
     if not _VALIDATORS:
