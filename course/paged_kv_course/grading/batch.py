@@ -10,12 +10,11 @@ but each learner's own regular files: a notebook that is a symbolic link (for ex
 learner's), a hard link, or lies in a linked folder is refused with a reason, not graded; a
 notebook of another exercise saved under this one's name is refused with a line saying which it is.
 
-Each submission is graded in a child process of its own (:func:`grade_bounded`), with its own
-judge, kernel and sandbox, and its whole run is bounded in time (:data:`SUBMISSION_TIMEOUT_S`):
-an invalid file, an endless loop or a crashed kernel costs only that learner's rows, and a run
-past the bound is reported as a timeout. Every exercise's pristine copy is loaded before any
-learner code runs, and the gradebook is written atomically, with learner text escaped for
-spreadsheets.
+Each submission is graded by :func:`.grader.grade_notebook` with its own judge process, kernel and
+sandbox, under the one time limit of its whole run that the judge's process keeps: an invalid
+file, an endless loop or a crashed kernel costs only that learner's rows. Every exercise's pristine
+copy is loaded before any learner code runs, and the gradebook is written atomically, with learner
+text escaped for spreadsheets.
 """
 
 from __future__ import annotations
@@ -23,23 +22,18 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import stat
-import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .grader import DEFAULT_TIMEOUT_S, CheckResult, GradeReport, TaskResult, grade_notebook
+from .grader import DEFAULT_TIMEOUT_S, GradeReport, TaskResult, grade_notebook
 
 GRADEBOOK_COLUMNS = ("learner", "notebook", "task", "points", "passed", "earned", "failure", "path", "flag")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 SEPARATOR = "__"
-# The bound on one submission's whole grading run (every cell, check and hidden case together), in seconds.
-SUBMISSION_TIMEOUT_S = 600.0
 NO_NOTEBOOK = "no notebook in this learner's folder: nothing to grade"
 
 
@@ -219,136 +213,6 @@ def name_every_task(report: GradeReport, course: Optional[Union[str, Path]]) -> 
     return report
 
 
-def _report_from_json(data: Dict[str, Any]) -> GradeReport:
-    tasks = [TaskResult(t["task"], t["points"], t["passed"], t.get("failure", ""), t.get("detail", ""),
-                        [CheckResult(**c) for c in t.get("checks", [])]) for t in data.get("tasks", [])]
-    return GradeReport(Path(data["submission"]), data.get("exercise", ""), tasks, list(data.get("notes", [])),
-                       data.get("error", ""))
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process descended from it, also those that started sessions of their own
-    (the judge, the kernel, the sandbox); the whole tree is listed before any of it is killed."""
-    family = {pid}
-    try:
-        parents: Dict[int, int] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                        fields = handle.read().rsplit(")", 1)[1].split()
-                    parents[int(entry)] = int(fields[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-        grew = True
-        while grew:
-            grew = False
-            for child, parent in parents.items():
-                if parent in family and child not in family:
-                    family.add(child)
-                    grew = True
-    except OSError:  # no /proc: the child's own process group is what can be reached
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    for member in family:
-        try:
-            os.kill(member, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def grade_bounded(
-    path: Path,
-    exercise: Optional[str] = None,
-    course: Optional[Union[str, Path]] = None,
-    timeout: float = SUBMISSION_TIMEOUT_S,
-    pristine: Optional[Union[str, Path]] = None,
-    cell_timeout: float = DEFAULT_TIMEOUT_S,
-    sandbox_mode: str = "auto",
-    hidden: Sequence[Path] = (),
-    pristine_nb: Any = None,
-    cases: Optional[Union[str, Path]] = None,
-) -> GradeReport:
-    """Grade one notebook in a child process whose whole run (and everything it starts) is bounded by
-    ``timeout`` seconds: a run past it is killed and reported as a timeout at 0, with no hint. Arguments
-    are :func:`.grader.grade_notebook`'s; the report comes back as JSON, never as a pickle."""
-    import nbformat
-
-    with tempfile.TemporaryDirectory(prefix="paged-kv-submission-") as tmp:
-        request = {"submission": str(path), "exercise": exercise, "course": str(course) if course else None,
-                   "pristine": str(pristine) if pristine else None, "cell_timeout": cell_timeout,
-                   "sandbox_mode": sandbox_mode, "hidden": [str(h) for h in hidden],
-                   "cases": str(cases) if cases else None, "out": str(Path(tmp) / "report.json"),
-                   "pristine_nb": nbformat.writes(pristine_nb) if pristine_nb is not None else None}
-        (Path(tmp) / "request.json").write_text(json.dumps(request), encoding="utf-8")
-        child = subprocess.Popen([sys.executable, "-m", "paged_kv_course.grading.batch", str(Path(tmp) / "request.json")],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 start_new_session=True, env=_same_code_env())
-        try:
-            _, err = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_tree(child.pid)
-            child.communicate()
-            line = (f"timed out: grading this submission took longer than {timeout:g} s in all (an endless loop, "
-                    "or a very slow solution?); not graded")
-            name = exercise or Path(path).stem
-            return _zero_report(Path(path), name, line, pristine_nb if pristine_nb is not None
-                                else _pristine_of(name, course))
-        out = Path(tmp) / "report.json"
-        if child.returncode != 0 or not out.is_file():
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
-            return GradeReport(submission=Path(path), exercise=exercise or Path(path).stem,
-                               error=f"grader failed: {tail[0]}")
-        return _name_errors(_report_from_json(json.loads(out.read_text(encoding="utf-8"))))
-
-
-def _name_errors(report: GradeReport) -> GradeReport:
-    """A failure line that is only a traceback's location (``File "<ipython-input-1-...>", line 1``) gets the
-    error it located, from the last line of its detail (``SyntaxError: expected ':' (line 1)``), so a syntax
-    error says so in every gradebook and report."""
-    for task in report.tasks:
-        head, _, rest = task.failure.partition('File "<')
-        last = task.detail.strip().splitlines()[-1].strip() if task.detail.strip() else ""
-        if rest and not head.strip(": ").replace("solution cell", "") and ("Error" in last or "Exception" in last):
-            where = rest.rsplit(", ", 1)[-1] if ", line " in rest else ""
-            task.failure = f"{head}{last}" + (f" ({where})" if where.startswith("line ") else "")
-    return report
-
-
-def _same_code_env() -> Dict[str, str]:
-    """The environment for a grading child: this one, with the folders this process imported the course and
-    the library from first on PYTHONPATH, so the child runs the same code as its parent."""
-    import paged_kv_lib
-
-    import paged_kv_course
-
-    roots = [str(Path(paged_kv_course.__file__).resolve().parents[1]),
-             str(Path(paged_kv_lib.__file__).resolve().parents[1])]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                                                if p]))
-    return env
-
-
-def _grade_request(request_file: str) -> int:
-    """The child side of :func:`grade_bounded`: grade what the request names, write the report as JSON."""
-    import nbformat
-
-    request = json.loads(Path(request_file).read_text(encoding="utf-8"))
-    loaded = nbformat.reads(request["pristine_nb"], as_version=4) if request.get("pristine_nb") else None
-    report = grade_notebook(request["submission"], pristine=request.get("pristine"),
-                            cell_timeout=request["cell_timeout"], exercise=request.get("exercise"),
-                            course=request.get("course"), sandbox_mode=request["sandbox_mode"],
-                            hidden=[Path(h) for h in request.get("hidden", [])], pristine_nb=loaded,
-                            cases=request.get("cases"))
-    data = asdict(report)
-    data["submission"] = str(report.submission)
-    Path(request["out"]).write_text(json.dumps(data), encoding="utf-8")
-    return 0
-
-
 def grade_submission(
     submission: Submission,
     pristine: Optional[Union[str, Path]],
@@ -358,9 +222,8 @@ def grade_submission(
     hidden: Sequence[Path] = (),
     pristines: Optional[Dict[str, Any]] = None,
     cases: Optional[Path] = None,
-    timeout: float = SUBMISSION_TIMEOUT_S,
 ) -> GradeReport:
-    """Grade one submission within ``timeout`` seconds in all; a refused one (a link, an empty folder, a
+    """Grade one submission within ``cell_timeout`` seconds in all; a refused one (a link, an empty folder, a
     notebook of another exercise) gets a report at 0 saying why. Whatever goes wrong becomes that
     submission's report, never an exception."""
     from .grader import EXERCISE_NAME
@@ -376,9 +239,9 @@ def grade_submission(
         if wrong:
             return _zero_report(submission.path, submission.exercise, f"{submission.path.name}: {wrong}", loaded)
     try:
-        return grade_bounded(submission.path, exercise=submission.exercise, course=course, timeout=timeout,
-                             pristine=pristine, cell_timeout=cell_timeout, sandbox_mode=sandbox_mode,
-                             hidden=hidden, pristine_nb=loaded, cases=cases)
+        return grade_notebook(submission.path, pristine=pristine, cell_timeout=cell_timeout,
+                              exercise=submission.exercise, course=course, sandbox_mode=sandbox_mode,
+                              hidden=hidden, pristine_nb=loaded, cases=cases)
     except Exception as exc:  # noqa: BLE001 - one broken submission must never stop the class's run
         return GradeReport(submission=submission.path, exercise=submission.exercise, error=f"grader failed: {exc}")
 
@@ -413,10 +276,9 @@ def grade_batch(
     sandbox_mode: str = "auto",
     hidden: Sequence[Path] = (),
     cases: Optional[Path] = None,
-    timeout: float = SUBMISSION_TIMEOUT_S,
 ) -> List[BatchResult]:
     """Grade submissions, ``jobs`` at a time (default: the number of cores), with a progress bar; ``cases`` is
-    the folder of hidden cases (default: the course's ``exercises/hidden/``); ``timeout`` bounds each
+    the folder of hidden cases (default: the course's ``exercises/hidden/``); ``cell_timeout`` bounds each
     submission's whole run."""
     jobs = max(1, jobs or os.cpu_count() or 1)
     if course is None and pristine is None and submissions:
@@ -439,8 +301,7 @@ def grade_batch(
         bar = tqdm(total=len(submissions), desc="grading", unit="notebook")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {
-            pool.submit(grade_submission, s, pristine, cell_timeout, course, sandbox_mode, hide, pristines, cases,
-                        timeout): s
+            pool.submit(grade_submission, s, pristine, cell_timeout, course, sandbox_mode, hide, pristines, cases): s
             for s in submissions
         }
         for future in as_completed(futures):
@@ -592,6 +453,3 @@ def first_line(text: str) -> str:
             return line.strip()
     return ""
 
-
-if __name__ == "__main__":
-    sys.exit(_grade_request(sys.argv[1]))

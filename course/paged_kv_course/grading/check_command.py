@@ -95,8 +95,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``paged-kv check``."""
-    from .batch import SUBMISSION_TIMEOUT_S, grade_bounded, name_every_task
-    from .grader import InputError, PristineNotFoundError, find_course
+    from .batch import name_every_task
+    from .grader import InputError, PristineNotFoundError, find_course, grade_notebook
 
     try:
         course = find_course(None, args.course)
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"nbval: {'passed' if nbval_ok else 'FAILED'}: {nbval_line}", flush=True)
     reports = []
     for notebook in notebooks:
-        report = grade_bounded(notebook, course=course, timeout=SUBMISSION_TIMEOUT_S)
+        report = grade_notebook(notebook, course=course)
         reports.append(name_every_task(report, course))
     for line in task_lines(reports):
         print(line)

@@ -247,6 +247,18 @@ def score(roles: Dict[int, Tuple[str, str]], tasks: Dict[str, Task], results: Di
     return out
 
 
+def _name_errors(tasks: List[TaskResult]) -> None:
+    """A failure line that is only a traceback's location (``File "<ipython-input-1-...>", line 1``) gets the
+    error it located, from the last line of its detail (``SyntaxError: expected ':' (line 1)``), so a syntax
+    error says so in every gradebook and report."""
+    for task in tasks:
+        head, _, rest = task.failure.partition('File "<')
+        last = task.detail.strip().splitlines()[-1].strip() if task.detail.strip() else ""
+        if rest and not head.strip(": ").replace("solution cell", "") and ("Error" in last or "Exception" in last):
+            where = rest.rsplit(", ", 1)[-1] if ", line " in rest else ""
+            task.failure = f"{head}{last}" + (f" ({where})" if where.startswith("line ") else "")
+
+
 def grade_notebook(
     submission: Union[str, Path],
     pristine: Optional[Union[str, Path]] = None,
@@ -326,6 +338,7 @@ def grade_notebook(
     if isolation:
         report.notes.insert(0, isolation)
     report.tasks = score(roles, tasks, results, cells)
+    _name_errors(report.tasks)
     lines = delegation_lines({t.task: (spliced.cells[t.solution_cell].get("source", ""),
                                        pristine_nb.cells[t.solution_cell].get("source", "")) for t in tasks.values()})
     for result in report.tasks:

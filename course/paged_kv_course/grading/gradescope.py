@@ -287,9 +287,9 @@ def _find_submission(folder: Path, exercise: Optional[str]) -> Path:
 def run_submission(root: Path, timeout: Optional[float] = None) -> Path:
     """Grade ``root/submission``'s notebook against ``root/source/course``; write ``root/results/results.json``.
 
-    ``timeout`` bounds the whole grading run (default :data:`.batch.SUBMISSION_TIMEOUT_S`); a run that
-    exceeds it scores 0 and says so."""
-    from .batch import SUBMISSION_TIMEOUT_S, grade_bounded
+    ``timeout`` bounds the whole grading run (default :data:`.grader.DEFAULT_TIMEOUT_S`); a task the run
+    did not reach in time scores 0 and says so."""
+    from .grader import DEFAULT_TIMEOUT_S, grade_notebook
 
     started = time.monotonic()
     source = root / "source"
@@ -302,8 +302,8 @@ def run_submission(root: Path, timeout: Optional[float] = None) -> Path:
         notebook = _find_submission(root / "submission", exercise)
     except GradescopeError as exc:
         return _write_results(root, _refusal(str(exc)))
-    report = grade_bounded(notebook, exercise=exercise, course=source / "course",
-                           timeout=SUBMISSION_TIMEOUT_S if timeout is None else timeout)
+    report = grade_notebook(notebook, exercise=exercise, course=source / "course",
+                            cell_timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout)
     if report.error and not report.tasks:
         return _write_results(root, _refusal(f"{notebook.name}: {report.error.strip().splitlines()[0]}"))
     return _write_results(root, results_json(report, time.monotonic() - started))
@@ -356,7 +356,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     grade = sub.add_parser("run", help="grade ROOT/submission into ROOT/results/results.json")
     grade.add_argument("--root", type=Path, default=Path(os.environ.get("GRADESCOPE_ROOT", "/autograder")))
     grade.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                       help="bound on the whole grading run (default: the batch's per-submission bound)")
+                       help="bound on the whole grading run (default: the grader's limit of one submission)")
     args = parser.parse_args(argv)
     path = run_submission(args.root.resolve(), args.timeout)
     print(f"wrote {path}")
