@@ -62,6 +62,7 @@ class Run:
     prefix_hits: int  # prompt tokens found in the prefix cache instead of computed
     preemptions: int
     kernel_calls: int = 0  # decode-attention calls served by the learner's kernel
+    stopped: Optional[str] = None  # where a run that stops at its first wrong token stopped, in words
 
     @property
     def tokens_per_s(self) -> float:
@@ -155,44 +156,62 @@ def _engine(parts: Parts) -> Engine:
                       enable_prefix_caching=True, **options)
 
 
-def serve(parts: Optional[Parts] = None) -> Run:
-    """Stream the workload through an engine made of ``parts``; every token and the figures."""
+def serve(parts: Optional[Parts] = None, stop_at_wrong: bool = False) -> Run:
+    """Stream the workload through an engine made of ``parts``; every token and the figures. With
+    ``stop_at_wrong``, the run stops at the first streamed token that differs from the no-cache reference
+    (:attr:`Run.stopped` says where): a broken part is named in seconds, not after the whole workload."""
     parts = parts or Parts()
     engine = _engine(parts)
     prompt, samples, temperature, seed = FORKED
     start = time.perf_counter()
     forked = engine.add_request(prompt, MAX_NEW_TOKENS, n=samples, temperature=temperature, seed=seed)
     tokens: Dict[int, List[int]] = {}
-    for event in engine.stream(list(WORKLOAD), MAX_NEW_TOKENS):  # the forked request runs along
-        tokens.setdefault(event.request_id, []).append(event.token_id)
-    (output,) = [o for o in engine.run(progress=False) if o.request_id == forked]
+    want = reference_tokens() if stop_at_wrong else ()
+    stopped = None
+    events = engine.stream(list(WORKLOAD), MAX_NEW_TOKENS)  # the forked request runs along
+    for event in events:
+        got = tokens.setdefault(event.request_id, [])
+        got.append(event.token_id)
+        index = event.request_id - forked - 1  # the streamed requests' ids follow the forked one's, in order
+        if 0 <= index < len(want) and got != list(want[index][:len(got)]):
+            stopped = _where(index, got, want[index])
+            events.close()  # aborts the requests still running
+            break
+    outputs = [] if stopped else [o for o in engine.run(progress=False) if o.request_id == forked][0].outputs
     seconds = time.perf_counter() - start
-    ordered = [tokens.get(i, []) for i in sorted(tokens)] + [list(o) for o in output.outputs]
+    ordered = [tokens.get(i, []) for i in sorted(tokens)] + [list(o) for o in outputs]
     totals = engine.totals
     return Run(parts.label, ordered, seconds, totals.generated_tokens, totals.peak_blocks_used, totals.cached_tokens,
-               totals.preemptions, kernel_calls=len(parts.calls))
+               totals.preemptions, kernel_calls=len(parts.calls), stopped=stopped)
+
+
+def _where(index: int, got: Sequence[int], want: Sequence[int]) -> str:
+    """The first token of the ``index``-th token list (streamed requests, then samples) that differs, in words."""
+    who = f"request {index}" if index < len(WORKLOAD) else f"sample {index - len(WORKLOAD)} of the forked request"
+    at = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+    return (f"{who}, token {at}: got {list(got)[at:at + 3]}, the no-cache reference has {list(want)[at:at + 3]} "
+            f"({len(got)} of {len(want)} tokens generated)")
 
 
 def first_difference(run: Run) -> Optional[str]:
     """Where ``run``'s tokens first differ from the no-cache reference, in words; None when they all agree."""
+    if run.stopped:
+        return run.stopped
     want_all = reference_tokens()
     if len(run.tokens) != len(want_all):
         return f"{len(run.tokens)} token lists, the workload has {len(want_all)} (streamed requests and samples)"
     for index, (got, want) in enumerate(zip(run.tokens, want_all)):
         if list(got) != list(want):
-            who = (f"request {index}" if index < len(WORKLOAD)
-                   else f"sample {index - len(WORKLOAD)} of the forked request")
-            at = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
-            return (f"{who}, token {at}: got {list(got)[at:at + 3]}, the no-cache reference has "
-                    f"{list(want)[at:at + 3]} ({len(got)} of {len(want)} tokens generated)")
+            return _where(index, got, want)
     return None
 
 
 def attempt(parts: Parts) -> Tuple[Optional[Run], Optional[str]]:
     """Serve the workload with ``parts``: the run and its first wrong token (None: token for token), or no run
-    and what it raised. ``NotImplementedError`` (a task not written yet) is raised, not reported."""
+    and what it raised; the run stops at its first wrong token. ``NotImplementedError`` (a task not written
+    yet) is raised, not reported."""
     try:
-        run = serve(parts)
+        run = serve(parts, stop_at_wrong=True)
     except NotImplementedError:
         raise
     except Exception as exc:  # noqa: BLE001 - a part failed: what it raised is the report

@@ -167,6 +167,14 @@ def test_a_wrong_token_is_reported_where_it_is():
     assert capstone.first_difference(run).startswith("sample 0 of the forked request, token 3")
 
 
+def test_a_wrong_part_stops_the_run_at_its_first_wrong_token():
+    zeros = capstone.Parts(kernel="k", merge="m", launch=lambda kernel, merge, q, *rest: torch.zeros_like(q))
+    run, wrong = capstone.attempt(zeros)
+    assert run is not None and wrong == run.stopped == capstone.first_difference(run)
+    assert wrong.startswith("request ") and "the no-cache reference has" in wrong, wrong
+    assert run.generated < 60, "the workload was served to the end"
+
+
 def test_the_library_that_answers_is_forbidden():
     forbidden = forbidden_modules("10")
     for name in ("paged_kv_lib.allocator", "paged_kv_lib.block_manager", "paged_kv_lib.attention",
