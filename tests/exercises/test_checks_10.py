@@ -1,5 +1,7 @@
-"""Exercise 10's checks bite: the reference parts pass, a planted allocator or kernel fails with a message naming
-that part, planted glue fails with the mistake it makes, and the whole check stays under a minute on a CPU."""
+"""Exercise 10's checks bite: the reference allocator passes, a planted allocator or kernel fails with a message
+naming that part, planted glue fails with the mistake it makes, and a wrong run stops at its first wrong token.
+That the reference kernels and glue pass 10.2 and 10.3 is the sync gate's test, through the grader
+(tests/exercises/test_exercises_gates.py): each is a whole capstone run under Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -116,23 +118,9 @@ def test_every_task_has_a_planted_mistake():
 
 
 @pytest.mark.slow
-def test_the_reference_kernels_pass(reference, capsys):
-    check_capstone_kernels(*kernels(reference))
-    assert capsys.readouterr().out.rstrip().endswith("PASSED 10.2")
-
-
-@pytest.mark.slow
 def test_a_planted_kernel_is_named_as_the_part_that_breaks():
     expect, namespace = planted("10_2_no_acc_rescale")
     assert expect in fails_all(check_capstone_kernels, *kernels(namespace))
-
-
-@pytest.mark.slow
-def test_the_whole_capstone_passes(reference, capsys):
-    # its time on this machine is a figure in docs/benchmarks.md, not an assertion here
-    check_capstone(reference["my_allocator_class"], *kernels(reference), reference["make_decode_attention"])
-    out = capsys.readouterr().out
-    assert out.rstrip().endswith("PASSED 10.3") and "all 60 tokens equal the no-cache reference" in out
 
 
 @pytest.mark.slow

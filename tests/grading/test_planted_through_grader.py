@@ -10,10 +10,11 @@ line or the check's full message. Checks that lose their bite between the kernel
 judge (identity, aliasing) fail here, not only in a notebook.
 
 To keep CI time down, all files of one exercise share one notebook and one grading run
-(:func:`stacked`): after each task's own cells come copies of the task, one per planted file
-(its solution cell holding the file, then the task's check cells, under the task id
-``NN.(100k+i)``), each starting from the bindings the task's own solution cell started from,
-and after them the task's reference solution cell again, so later tasks build on the reference. A file whose expected line the shared run does not show
+(:func:`stacked`): after each task's reference solution (a plain cell there, not graded) come
+copies of the task, one per planted file (its solution cell holding the file, then the task's
+check cells, under the task id ``NN.(100k+i)``), each starting from the bindings the task's own
+solution cell started from, and after them the task's reference solution cell again, so later
+tasks build on the reference. A file whose expected line the shared run does not show
 (a planted mistake can break the cells after it) is graded again alone, spliced into the
 solution notebook, before it counts as a failure. Every graded task of every exercise must
 have at least one planted file.
@@ -132,7 +133,10 @@ def stacked(solution: nbformat.NotebookNode, files: Sequence[Planted]) -> Tuple[
 
     Each copy starts from the names the task defines as they were before the task's own solution
     cell (a ``class MyAllocator(MyAllocator)`` builds on the earlier task, never on another copy),
-    and after the copies the task's reference solution runs again on that same base."""
+    and after the copies the task's reference solution runs again on that same base. A task with
+    copies keeps its reference solution as a plain cell, without its checks: the reference's own
+    grade is the sync gate's (tests/exercises/test_exercises_gates.py), and checking it again here
+    cost exercise 10 two whole capstone runs under Triton's interpreter."""
     from paged_kv_course.grading.splice import _defined_names
 
     nb = copy.deepcopy(solution)
@@ -142,12 +146,15 @@ def stacked(solution: nbformat.NotebookNode, files: Sequence[Planted]) -> Tuple[
         by_task.setdefault(planted.task, []).append(planted)
     last = {t.task: max((t.solution_cell, *t.check_cells)) for t in tasks.values()}
     first = {t.solution_cell: t.task for t in tasks.values() if by_task.get(t.task)}
+    checked = {at for t in tasks.values() if by_task.get(t.task) for at in t.check_cells}
     cells, copies = [], {}
     for index, cell in enumerate(nb.cells):
         if index in first:
             names = sorted(_defined_names(cell.get("source", "")))
             cells.append(nbformat.v4.new_code_cell(_save(names, f"_planted_base_{index}")))
-        cells.append(cell)
+            cells.append(nbformat.v4.new_code_cell(cell.source))  # the reference, as a plain cell: not graded
+        elif index not in checked:
+            cells.append(cell)
         for task in (t for t, at in last.items() if at == index and by_task.get(t)):
             spec = tasks[task]
             reference = nb.cells[spec.solution_cell]
@@ -316,7 +323,8 @@ def test_the_demo_covers_its_exercise():
         assert together.cells[twin.solution_cell].source == planted.source
         assert len(twin.check_cells) == len(spec.check_cells)
         assert "globals().update(_planted_base_" in together.cells[twin.solution_cell - 1].source
-    reference_90_1 = together.cells[tasks["90.1"].solution_cell].source
+    assert sorted(tasks) == sorted(copies), "the references are plain cells: only the copies are graded"
+    reference_90_1 = _without_markers(solution.cells[original["90.1"].solution_cell].source)
     assert [c.source for c in together.cells].count(reference_90_1) == 2, "the reference again after the copies"
     assert not any("### BEGIN SOLUTION" in c.source for c in together.cells), "its own pristine copy"
 
