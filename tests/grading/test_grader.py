@@ -186,13 +186,18 @@ def test_exercise_names_must_be_nn_topic(name):
 def test_a_notebook_of_another_exercise_under_this_name_is_refused(tmp_path):
     nb = read_notebook(LEARNER)
     path = write(nb, tmp_path / "91_other.ipynb")
-    with pytest.raises(grader.InputError, match="notebook of exercise 90_demo, saved under the name 91_other"):
+    with pytest.raises(grader.InputError, match="this is a notebook of exercise 90_demo, not of exercise 91_other"):
         grader.submission_exercise(path, nb)
     del nb.metadata["paged_kv"]
     with pytest.raises(grader.InputError, match="tasks of exercise 90"):
         grader.submission_exercise(path, nb)
     nb.metadata["paged_kv"] = {"exercise": "../../evil/90_demo"}  # not a name: ignored, the file name counts
     assert grader.submission_exercise(write(nb, tmp_path / "90_demo.ipynb"), nb) == "90_demo"
+    task_cell = next(cell for cell in nb.cells if cell_task(cell))
+    task_cell.metadata["paged_kv"]["task"] = "\x1b]52;c;cm0gLXJm\x07.1"  # a clipboard write, as a task id
+    with pytest.raises(grader.InputError) as refused:
+        grader.submission_exercise(path, nb)
+    assert "tasks of exercise" in str(refused.value) and "\x1b" not in str(refused.value), str(refused.value)
 
 
 def test_code_outside_solution_cells_is_reported_with_the_task_it_belongs_to():

@@ -20,7 +20,6 @@ text escaped for spreadsheets.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import stat
 import tempfile
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .grader import DEFAULT_TIMEOUT_S, GradeReport, TaskResult, grade_notebook
+from .grader import DEFAULT_TIMEOUT_S, GradeReport, TaskResult, grade_notebook, read_submission
 
 GRADEBOOK_COLUMNS = ("learner", "notebook", "task", "points", "passed", "earned", "failure", "path", "flag")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -103,29 +102,15 @@ def own_file_problem(path: Path, root: Path) -> str:
 
 
 def exercise_mismatch(path: Path, exercise: str) -> str:
-    """A line saying so when the notebook at ``path`` is of another exercise than ``exercise`` (by its
-    metadata, or by the tasks it holds); '' when it is this exercise's, or cannot tell (a notebook the
-    grader cannot read reports that itself)."""
+    """:func:`.pristine.other_exercise` of the notebook at ``path``; '' when it cannot be read (the grader
+    reports that itself)."""
+    from .notebook_tasks import NotebookFormatError
+    from .pristine import other_exercise
+
     try:
-        nb = json.loads(Path(path).read_text(encoding="utf-8"))
-        claimed = (nb.get("metadata") or {}).get("paged_kv", {}).get("exercise")
-        numbers = sorted({str(cell["metadata"]["paged_kv"]["task"]).split(".")[0] for cell in nb.get("cells", [])
-                          if isinstance(cell, dict) and isinstance((cell.get("metadata") or {}).get("paged_kv"), dict)
-                          and "task" in cell["metadata"]["paged_kv"]})
-    except (OSError, ValueError, AttributeError, TypeError):
+        return other_exercise(read_submission(path), exercise)
+    except NotebookFormatError:
         return ""
-    if isinstance(claimed, str) and claimed[:2].isdigit() and claimed != exercise:
-        return (f"this is a notebook of exercise {escape_text(claimed)}, not of exercise {exercise}; "
-                f"submit your exercises/{exercise}.ipynb")
-    if numbers and numbers != [exercise[:2]]:
-        return (f"this notebook holds tasks of exercise {escape_text(', '.join(numbers))}, not of exercise "
-                f"{exercise}; submit your exercises/{exercise}.ipynb")
-    return ""
-
-
-def escape_text(text: str) -> str:
-    """Learner-controlled text with its control characters shown as escapes (no terminal sequences)."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def _parse_file_name(entry: Path) -> Optional[Tuple[str, str]]:

@@ -143,17 +143,26 @@ def submission_exercise(submission: Path, sub_nb: Optional[NotebookNode], exerci
     if not EXERCISE_NAME.match(name) and sub_nb is not None and exercise is None:
         name = exercise_name(submission, sub_nb)
     check_exercise_name(name)
-    if sub_nb is not None:
-        meta = sub_nb.metadata.get(META_KEY)
-        claimed = meta.get("exercise") if isinstance(meta, dict) else None
-        numbers = sorted({task.split(".")[0] for task in find_tasks_lenient(sub_nb)})
-        if isinstance(claimed, str) and EXERCISE_NAME.match(claimed) and claimed != name:
-            raise InputError(f"{submission} is a notebook of exercise {claimed}, saved under the name {name}; "
-                             f"grade it as {claimed}")
-        if numbers and numbers != [name[:2]]:
-            raise InputError(f"{submission} holds tasks of exercise {', '.join(numbers)}, saved under the name "
-                             f"{name}; grade it under its own exercise's name")
+    wrong = other_exercise(sub_nb, name) if sub_nb is not None else ""
+    if wrong:
+        raise InputError(f"{submission.name}: {wrong}")
     return name
+
+
+def other_exercise(nb: NotebookNode, name: str) -> str:
+    """A line saying so when ``nb`` is a notebook of another exercise than ``name`` (by its metadata, or by
+    the tasks it holds), '' when it is this one's or cannot tell. Task ids are the learner's text: shown
+    with ``repr`` unless they are digits."""
+    meta = nb.metadata.get(META_KEY)
+    claimed = meta.get("exercise") if isinstance(meta, dict) else None
+    numbers = sorted({task.split(".")[0] for task in find_tasks_lenient(nb)})
+    submit = f"submit your exercises/{name}.ipynb"
+    if isinstance(claimed, str) and EXERCISE_NAME.match(claimed) and claimed != name:
+        return f"this is a notebook of exercise {claimed}, not of exercise {name}; {submit}"
+    if numbers and numbers != [name[:2]]:
+        listed = ", ".join(n if n.isdigit() else repr(n) for n in numbers)
+        return f"this notebook holds tasks of exercise {listed}, not of exercise {name}; {submit}"
+    return ""
 
 
 def find_tasks_lenient(nb: NotebookNode) -> List[str]:
