@@ -55,20 +55,6 @@ def test_the_release_carries_a_check_workflow_and_no_classroom_autograding(relea
     assert "feedback, not the grade" in (released / ".github" / "workflows" / "check.yml").read_text()
 
 
-def test_grade_task_exits_0_only_for_that_task(released, capsys, monkeypatch):
-    monkeypatch.chdir(released)
-    notebook = released / "exercises" / "90_demo.ipynb"
-    nb = solved(notebook, released / "exercises" / "mine.ipynb")
-    text = nb.read_text().replace("return -(-num_tokens // block_size)", "return num_tokens // block_size")
-    nb.write_text(text)
-    assert cli.main(["grade", str(nb), "--task", "90.1"]) == 0
-    assert cli.main(["grade", str(nb), "--task", "90.3"]) == 1
-    assert cli.main(["grade", str(nb), "--task", "90.3", "--check", "1"]) == 1, "check_blocks fails a floor"
-    assert cli.main(["grade", str(nb), "--task", "90.3", "--check", "2"]) == 0, "check_blocks_zero passes it"
-    assert cli.main(["grade", str(nb), "--task", "90.9"]) == 2
-    assert "no such task (its tasks: 90.1, 90.2, 90.3)" in capsys.readouterr().err
-
-
 @pytest.mark.slow
 def test_make_check_is_green_on_finished_work_and_names_the_tasks_of_untouched_work(released, tmp_path):
     venv = Path(sys.prefix)  # the venv running the tests, already holding the learner's install

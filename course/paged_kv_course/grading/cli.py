@@ -80,12 +80,6 @@ def register(subparsers: Any) -> None:
                         help="with --format canvas: CSV with columns learner,name,id,sis_login[,section]")
     parser.add_argument("--reports", type=Path, metavar="DIR",
                         help="with --batch: write one full report per learner into DIR")
-    parser.add_argument("--task", metavar="NN.k",
-                        help="grade the whole notebook but exit 0 only when this one task passed "
-                             "(one autograding test per task)")
-    parser.add_argument("--check", type=int, metavar="N",
-                        help="with --task: exit 0 only when the task's N-th check (1, 2, ...) passed, "
-                             "for a task judged by several checks (one autograding test per check)")
     parser.add_argument("--hidden-cases", type=Path, metavar="DIR",
                         help="the folder of hidden cases NN.py (default: the course's exercises/hidden/)")
     parser.set_defaults(func=run)
@@ -97,10 +91,6 @@ def _input_error(args: argparse.Namespace) -> str:
         return f"--timeout must be a finite number of seconds above 0, not {args.timeout:g}"
     if args.course is not None and not (args.course / "exercises").is_dir():
         return f"--course {args.course}: no exercises/ folder in it"
-    if getattr(args, "task", None) is not None and getattr(args, "batch", None) is not None:
-        return "--task grades one notebook; it cannot be used with --batch"
-    if getattr(args, "check", None) is not None and (getattr(args, "task", None) is None or args.check < 1):
-        return f"--check {args.check}: give a check number 1, 2, ... together with --task NN.k"
     hidden_dir = getattr(args, "hidden_cases", None)
     if hidden_dir is not None and not hidden_dir.is_dir():
         return f"--hidden-cases {hidden_dir}: no such folder"
@@ -136,19 +126,6 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(report))
     if report.error:
         return 2
-    if args.task is not None:
-        chosen = [t for t in report.tasks if t.task == args.task]
-        if not chosen:
-            known = ", ".join(t.task for t in report.tasks) or "none"
-            print(f"error: --task {args.task}: this notebook has no such task (its tasks: {known})", file=sys.stderr)
-            return 2
-        if getattr(args, "check", None) is None:
-            return 0 if chosen[0].passed else 1
-        visible = [c for c in chosen[0].checks if not c.hidden]
-        if args.check > len(visible):
-            print(f"error: --check {args.check}: task {args.task} has {len(visible)} check(s)", file=sys.stderr)
-            return 2
-        return 0 if visible[args.check - 1].passed else 1
     return 0 if report.ok else 1
 
 
