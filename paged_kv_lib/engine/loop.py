@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Deque, Dict, Generator, Iterable, List, Optional
 
 import torch
 
@@ -354,7 +354,7 @@ class Engine:
             raise
         return [self._finished.pop(i) for i in ids]
 
-    def stream(self, prompts: Iterable[Prompt], max_new_tokens: int, **options: Any) -> Iterator[TokenEvent]:
+    def stream(self, prompts: Iterable[Prompt], max_new_tokens: int, **options: Any) -> Generator[TokenEvent, None, None]:
         """Add every prompt (as :meth:`generate` does) and yield each new token the moment it is sampled.
 
         Yields :class:`TokenEvent` ``(request_id, sample_index, token_id)``, in the order the
@@ -366,7 +366,7 @@ class Engine:
         ids = self._queue_all(prompts, max_new_tokens, options, "stream")
         return self._stream(ids)
 
-    def _stream(self, ids: List[int]) -> Iterator[TokenEvent]:
+    def _stream(self, ids: List[int]) -> Generator[TokenEvent, None, None]:
         mine = set(ids)
         requests = {r.request_id: r for r in list(self.queue) + self.running if r.request_id in mine}
         pending = set(ids)
