@@ -53,6 +53,16 @@ class NotAKernelError(TypeError):
     """What a launcher raises when it is handed something other than a ``@triton.jit`` function."""
 
 
+# The oldest Triton whose interpreter runs these launchers (3.0-3.6 fail inside the interpreter on the course's
+# kernels, measured with 3.0.0, 3.4.0, 3.5.1 and 3.6.0). pyproject's range stays wider: on a GPU, torch's own
+# CUDA build pins its Triton, and compiled kernels do not go through the interpreter.
+INTERPRETER_MIN_TRITON = (3, 7)
+
+
+class TritonTooOldError(RuntimeError):
+    """Triton's interpreter is on and its version is older than :data:`INTERPRETER_MIN_TRITON`."""
+
+
 def require_kernel(name: str, obj: Any) -> None:
     """Refuse ``obj`` unless it is exactly what ``@triton.jit`` makes (a compiled or interpreted kernel).
 
@@ -71,6 +81,12 @@ def require_kernel(name: str, obj: Any) -> None:
     if type(obj) not in kinds:
         raise NotAKernelError(f"{name} is a {type(obj).__name__}, not a @triton.jit function: this task is "
                               "passed by a Triton kernel the cell defines with @triton.jit, launched here")
+    version = tuple(int(part) for part in triton.__version__.split("+")[0].split(".")[:2] if part.isdigit())
+    if type(obj) is not JITFunction and version < INTERPRETER_MIN_TRITON:
+        least = ".".join(map(str, INTERPRETER_MIN_TRITON))
+        raise TritonTooOldError(f"Triton {triton.__version__}'s interpreter cannot run this course's kernels "
+                                f"(Triton {least} or newer can): pip install -U 'triton>={least}', then restart "
+                                "the kernel")
 
 
 # --------------------------------------------------------------------------- what a kernel reads (interpreter)
