@@ -192,6 +192,24 @@ def test_a_submission_without_the_notebook_gets_one_line_and_no_score(tmp_path):
     assert not list((root / "results").glob(".results.*"))
 
 
+def test_a_grader_that_fails_still_writes_results_json(tmp_path, monkeypatch):
+    """Without a results.json Gradescope shows the learner nothing: a failing grader scores 0 and says so."""
+    from paged_kv_course.grading import grader
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(grader, "grade_notebook", broken)
+    course = demo_course(tmp_path / "course")
+    root = autograder_root(tmp_path, course, "90_demo")
+    shutil.copy(course / "exercises" / "90_demo.ipynb", root / "submission" / "90_demo.ipynb")
+    assert gradescope.main(["run", "--root", str(root)]) == 0
+    results = json.loads((root / "results" / "results.json").read_text())
+    validate(results)
+    assert results["score"] == 0 and results["output"] == ("90_demo.ipynb: the grader failed (OSError); "
+                                                           "ask your instructor")
+
+
 def test_a_symlinked_submission_is_refused_not_graded(tmp_path):
     """The attack of issue 32: a submission that is a symlink into the autograder's own solutions graded full marks."""
     course = demo_course(tmp_path / "course")

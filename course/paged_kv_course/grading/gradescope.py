@@ -302,8 +302,12 @@ def run_submission(root: Path, timeout: Optional[float] = None) -> Path:
         notebook = _find_submission(root / "submission", exercise)
     except GradescopeError as exc:
         return _write_results(root, _refusal(str(exc)))
-    report = grade_notebook(notebook, exercise=exercise, course=source / "course",
-                            cell_timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout)
+    try:
+        report = grade_notebook(notebook, exercise=exercise, course=source / "course",
+                                cell_timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout)
+    except Exception as exc:  # noqa: BLE001 - Gradescope shows nothing without a results.json
+        return _write_results(root, _refusal(f"{notebook.name}: the grader failed ({type(exc).__name__}); "
+                                             "ask your instructor"))
     if report.error and not report.tasks:
         return _write_results(root, _refusal(f"{notebook.name}: {report.error.strip().splitlines()[0]}"))
     return _write_results(root, results_json(report, time.monotonic() - started))
